@@ -1,0 +1,77 @@
+"""Backend names -> backend objects; external backends load from `package.module:attr`.
+
+Each built-in belongs to a lane: "torch" backends run the plain-PyTorch families, "te" backends the TE
+families. External backends join the torch lane unless they set `lane = "te"`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from te_verify.backends.base import Backend
+from te_verify.backends.eager import EagerBackend
+from te_verify.backends.thunder import ThunderBackend
+from te_verify.backends.torch_compile import TorchCompileBackend
+
+
+class BackendError(ValueError):
+    """An unknown backend name or a bad `package.module:attr` path."""
+
+
+def _te_eager() -> Backend:
+    from te_verify.backends.te_eager import TEEagerBackend
+
+    return TEEagerBackend()
+
+
+def _thunder_te() -> Backend:
+    from te_verify.backends.thunder_te import ThunderTEBackend
+
+    return ThunderTEBackend()
+
+
+BUILTINS: dict[str, tuple[str, Callable[[], Backend]]] = {
+    "eager": ("torch", EagerBackend),
+    "thunder": ("torch", ThunderBackend),
+    "torch_compile": ("torch", TorchCompileBackend),
+    "torch_compile_inductor": ("torch", lambda: TorchCompileBackend("inductor")),
+    "te_eager": ("te", _te_eager),
+    "thunder_te": ("te", _thunder_te),
+}
+
+# Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here).
+TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
+    "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te"),
+    "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te"),
+    "nightly": ("eager", "thunder", "torch_compile", "torch_compile_inductor", "te_eager", "thunder_te"),
+}
+
+
+def load_external(path: str) -> Backend:
+    """`package.module:attr`, where attr is a backend class (instantiated without arguments) or instance."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise BackendError(f"--backend {path!r}: expected a built-in name ({', '.join(BUILTINS)}) or package.module:attr")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise BackendError(f"--backend {path!r}: cannot load it: {type(exc).__name__}: {exc}") from exc
+    backend = obj() if isinstance(obj, type) else obj
+    missing = [a for a in ("name", "available", "prepare") if not hasattr(backend, a)]
+    if missing:
+        raise BackendError(f"--backend {path!r}: not a backend, it lacks {', '.join(missing)}")
+    return backend
+
+
+def resolve_backend(name_or_path: str) -> Backend:
+    if name_or_path in BUILTINS:
+        return BUILTINS[name_or_path][1]()
+    if ":" in name_or_path:
+        return load_external(name_or_path)
+    raise BackendError(f"--backend {name_or_path!r}: unknown backend; built-ins are {', '.join(BUILTINS)}")
+
+
+def lane_of(name_or_path: str, backend: Backend) -> str:
+    if name_or_path in BUILTINS:
+        return BUILTINS[name_or_path][0]
+    return getattr(backend, "lane", "torch")

@@ -1,0 +1,73 @@
+"""One case on one backend inside a test: run it, apply the standard checks, keep figures for the row."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from te_verify.backends.base import Backend
+from te_verify.backends.eager import EagerBackend
+from te_verify.backends.thunder import compilations
+from te_verify.checks.parity import grad_parity
+from te_verify.checks.presence import grad_presence
+from te_verify.checks.replay import replay_semantics
+from te_verify.checks.tolerances import tolerance_for
+from te_verify.checks.verdict import Verdict, failed_messages
+from te_verify.models import build_model, make_inputs
+from te_verify.probes.base import Probe
+from te_verify.record import Record
+from te_verify.runner import prepare_frozen, run_case, run_prepared
+from te_verify.spec import CaseSpec
+
+
+class CaseRun:
+    """The `case` fixture's value: a spec, the backend under test, and the figures for its report row."""
+
+    def __init__(self, spec: CaseSpec, backend_name: str, backend: Backend | None) -> None:
+        self.spec = spec
+        self.backend_name = backend_name
+        self.backend = backend
+        self.figures: dict = {}
+
+    def __repr__(self) -> str:
+        return f"CaseRun({self.backend_name}, {self.spec.id})"
+
+    def run(self, backend: Backend | None = None, probes: Iterable[Probe] = (), spec: CaseSpec | None = None) -> Record:
+        """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once."""
+        spec = spec or self.spec
+        backend = backend or self.backend
+        record = Record(backend=backend.name)
+        model, inputs = build_model(spec), make_inputs(spec)
+        try:
+            fn = prepare_frozen(backend, model, spec)
+        except Exception as exc:
+            record.error, record.error_pass = exc, 0
+            return record
+        run_prepared(fn, model, inputs, spec, record, probes)
+        compiled = compilations(fn)
+        if compiled is not None:
+            record.figures["compilations"] = compiled
+        return record
+
+    def standard_verdicts(self, ref: Record, got: Record) -> list[Verdict]:
+        tol = tolerance_for(self.spec, self.backend_name)
+        case_id, name = self.spec.id, self.backend_name
+        return [
+            replay_semantics(case_id, name, ref, got, tol),
+            grad_presence(case_id, name, ref, got),
+            grad_parity(case_id, name, ref, got, tol),
+        ]
+
+    def verify(self) -> list[Verdict]:
+        """Eager reference vs the backend under test: replay semantics, None-ness, gradient parity."""
+        ref = run_case(self.spec, EagerBackend())
+        got = self.run()
+        self.figures.update(got.figures)
+        return self.require(self.standard_verdicts(ref, got))
+
+    def require(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """Record the verdicts' figures; raise AssertionError with every failure message."""
+        for verdict in verdicts:
+            self.figures.update(verdict.figures)
+        problems = failed_messages(verdicts)
+        if problems:
+            raise AssertionError("\n".join(problems))
+        return verdicts

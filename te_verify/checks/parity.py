@@ -1,0 +1,64 @@
+"""Gradient parity: a backend's gradients equal the reference's, parameter by parameter."""
+from __future__ import annotations
+
+import torch
+
+from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.verdict import Verdict
+from te_verify.record import Record
+
+
+def max_errors(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
+    """Max absolute error and max relative error (relative to |ref|, where ref is non-zero), in fp64."""
+    ref64, got64 = ref.detach().double(), got.detach().double()
+    abs_err = (got64 - ref64).abs()
+    rel_err = abs_err / ref64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    if abs_err.numel() == 0:
+        return 0.0, 0.0
+    return float(abs_err.max()), float(rel_err.max())
+
+
+def compare_tensor(what: str, ref: torch.Tensor, got: torch.Tensor, tol: Tolerance) -> str | None:
+    """None when `got` matches `ref` within `tol` (assert_close's rule); otherwise a message naming `what`."""
+    if ref.shape != got.shape:
+        return f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if not torch.isfinite(got).all() and torch.isfinite(ref).all():
+        return f"{what}: non-finite values where the reference is finite"
+    ok = torch.isclose(got.double(), ref.double(), rtol=tol.rtol, atol=tol.atol).all()
+    if ok:
+        return None
+    abs_err, rel_err = max_errors(ref, got)
+    return f"{what}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} exceeds {tol}"
+
+
+def grad_mismatches(ref: dict, got: dict, tol: Tolerance, label: str) -> list[str]:
+    """Messages for every gradient (present in both) that differs beyond `tol`."""
+    problems = []
+    for name, ref_grad in ref.items():
+        got_grad = got.get(name)
+        if ref_grad is None or got_grad is None:
+            continue  # None-ness is the presence check's job
+        msg = compare_tensor(f"{label} grad of {name}", ref_grad, got_grad, tol)
+        if msg:
+            problems.append(msg)
+    return problems
+
+
+def worst_errors(ref: dict, got: dict) -> tuple[float, float]:
+    pairs = [(r, got.get(n)) for n, r in ref.items() if r is not None and got.get(n) is not None]
+    errs = [max_errors(r, g) for r, g in pairs if r.shape == g.shape]
+    return max((e[0] for e in errs), default=0.0), max((e[1] for e in errs), default=0.0)
+
+
+def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1) -> Verdict:
+    """Compare the gradients after backward pass `pass_index` (default: the last one both completed)."""
+    if not ref.grads or not got.grads:
+        return Verdict("grad_parity", True, figures={})  # nothing to compare; the replay check owns raises
+    ref_grads, got_grads = ref.grads[pass_index], got.grads[pass_index]
+    abs_err, rel_err = worst_errors(ref_grads, got_grads)
+    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol}
+    problems = grad_mismatches(ref_grads, got_grads, tol, "")
+    if not problems:
+        return Verdict("grad_parity", True, figures=figures)
+    head = f"[{case_id}] backend {backend}: gradient parity vs {ref.backend} failed"
+    return Verdict("grad_parity", False, "; ".join([head, *(p.strip() for p in problems)]), figures)

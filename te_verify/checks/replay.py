@@ -1,0 +1,34 @@
+"""Replay semantics: k backward passes with retain_graph=True end as eager's do.
+
+Both complete with equal gradients after every pass, or both raise the same exception class at the same pass.
+"""
+from __future__ import annotations
+
+from te_verify.checks.parity import grad_mismatches
+from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.verdict import Verdict
+from te_verify.record import Record
+
+
+def _describe(record: Record) -> str:
+    if record.error is None:
+        return f"completed {record.passes_done} backward pass(es)"
+    where = "before/at forward" if record.error_pass == 0 else f"at backward pass {record.error_pass}"
+    return f"raised {type(record.error).__name__} {where}: {str(record.error).splitlines()[0][:200] if str(record.error) else ''}"
+
+
+def replay_semantics(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance) -> Verdict:
+    head = f"[{case_id}] backend {backend}"
+    figures = {"passes_ref": ref.passes_done, "passes_got": got.passes_done}
+    if (ref.error is None) != (got.error is None):
+        return Verdict("replay", False, f"{head}: {_describe(got)}, but {ref.backend} {_describe(ref)}", figures)
+    if ref.error is not None:
+        same = type(ref.error) is type(got.error) and ref.error_pass == got.error_pass
+        if not same:
+            return Verdict("replay", False, f"{head}: {_describe(got)}, but {ref.backend} {_describe(ref)}", figures)
+    for k, (ref_grads, got_grads) in enumerate(zip(ref.grads, got.grads), start=1):
+        problems = grad_mismatches(ref_grads, got_grads, tol, f"replay {k}:")
+        if problems:
+            return Verdict("replay", False, f"{head}: differs from {ref.backend} after backward pass {k}: "
+                           + "; ".join(problems), figures)
+    return Verdict("replay", True, figures=figures)

@@ -1,0 +1,47 @@
+"""Tolerances as data: a table per dtype and per FP8 recipe, with the source of every number.
+
+Overrides are scoped (backend, dtype) entries with a comment saying why; there are none by default.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from te_verify.spec import CaseSpec
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    # Relative tolerance, as in torch.testing.assert_close.
+    rtol: float
+    # Absolute tolerance.
+    atol: float
+    # Where the numbers come from.
+    source: str
+
+    def __str__(self) -> str:
+        return f"rtol={self.rtol:g}, atol={self.atol:g}"
+
+
+DTYPE_TOLERANCES: dict[str, Tolerance] = {
+    # torch/testing/_comparison.py _DTYPE_PRECISIONS[float32]; TE tests/pytorch/utils.py dtype_tols(fp32).
+    "fp32": Tolerance(1.3e-6, 1e-5, "torch.testing _DTYPE_PRECISIONS float32 (= TE dtype_tols fp32)"),
+    # torch/testing/_comparison.py _DTYPE_PRECISIONS[bfloat16]; TE tests/pytorch/utils.py dtype_tols(bf16).
+    "bf16": Tolerance(1.6e-2, 1e-5, "torch.testing _DTYPE_PRECISIONS bfloat16 (= TE dtype_tols bf16)"),
+}
+
+RECIPE_TOLERANCES: dict[str, Tolerance] = {
+    # TE tests/pytorch/utils.py quantization_tols: every FP8 recipe maps to E4M3 (rtol 0.125, atol 0.0675);
+    # thunder's te_assert_close uses the same numbers for E4M3-only recipes.
+    "delayed": Tolerance(0.125, 0.0675, "TE tests/pytorch/utils.py quantization_tols (E4M3)"),
+    "current": Tolerance(0.125, 0.0675, "TE tests/pytorch/utils.py quantization_tols (E4M3)"),
+}
+
+# (backend, dtype) -> Tolerance. Each entry needs a comment saying why the default does not apply.
+OVERRIDES: dict[tuple[str, str], Tolerance] = {}
+
+
+def tolerance_for(spec: CaseSpec, backend: str = "") -> Tolerance:
+    """The tolerance a backend's gradients must meet against the fp32/dtype eager reference."""
+    if spec.te is not None and spec.te.recipe is not None:
+        return RECIPE_TOLERANCES[spec.te.recipe]
+    return OVERRIDES.get((backend, spec.dtype), DTYPE_TOLERANCES[spec.dtype])

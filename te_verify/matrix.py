@@ -1,0 +1,158 @@
+"""Case generators for the torch lane, by family and tier, plus hypothesis strategies for nightly.
+
+Tiers: "smoke" (seconds), "pr" (minutes on 2 cores), "nightly" (exhaustive, plus hypothesis). Every list is
+deterministic (same order on every xdist worker) and free of duplicate ids.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from hypothesis import strategies as st
+
+from te_verify.spec import CaseSpec
+
+TIERS = ("smoke", "pr", "nightly")
+SQUARE4 = (32, 32, 32, 32, 32)
+NON_SQUARE4 = (32, 64, 128, 64, 32)  # the reviewer's stack in seed 000
+ODD_WIDTHS = ((13, 37, 23), (5, 7, 3, 11), (24, 40, 17, 9, 33))  # not multiples of 8 or 16
+
+
+class TierError(ValueError):
+    """An unknown tier name."""
+
+
+def check_tier(tier: str) -> None:
+    if tier not in TIERS:
+        raise TierError(f"--tier {tier!r}: expected one of {', '.join(TIERS)}")
+
+
+def all_masks(n: int) -> list[tuple[bool, ...]]:
+    """Every freeze mask of n layers, all-trainable first, all-frozen last."""
+    return [tuple(bool(b) for b in bits) for bits in itertools.product((0, 1), repeat=n)]
+
+
+def named_masks(n: int) -> dict[str, tuple[bool, ...]]:
+    """The PEFT-style patterns: alternating (even layers frozen, seed 000), prefix- and suffix-frozen."""
+    half = n // 2
+    return {
+        "alternating": tuple(i % 2 == 0 for i in range(n)),
+        "prefix": tuple(i < half for i in range(n)),
+        "suffix": tuple(i >= n - half for i in range(n)),
+        "none": (False,) * n,
+        "all": (True,) * n,
+    }
+
+
+def _dedupe(specs: list[CaseSpec]) -> list[CaseSpec]:
+    seen: dict[str, CaseSpec] = {}
+    for spec in specs:
+        seen.setdefault(spec.id, spec)
+    return list(seen.values())
+
+
+def freeze_specs(tier: str) -> list[CaseSpec]:
+    """Every freeze mask of 4 square layers, weights and biases frozen together, input with/without grad."""
+    check_tier(tier)
+    masks = all_masks(4) if tier != "smoke" else list(named_masks(4).values())
+    x_grads = (False, True) if tier != "smoke" else (False,)
+    return _dedupe([CaseSpec("freeze", SQUARE4, m, m, x) for m in masks for x in x_grads])
+
+
+def shapes_specs(tier: str) -> list[CaseSpec]:
+    """Depths 2-6, the non-square stack, widths that are not multiples of 8/16, 2-D and 3-D inputs."""
+    check_tier(tier)
+    stacks = [NON_SQUARE4, *ODD_WIDTHS] + [(32,) * (n + 1) for n in (2, 3, 5, 6)]
+    if tier == "smoke":
+        stacks = [NON_SQUARE4, ODD_WIDTHS[0]]
+    batches = ((8,), (4, 6)) if tier != "smoke" else ((4, 6),)
+    specs = []
+    for widths in stacks:
+        n = len(widths) - 1
+        for pattern in ("alternating", "prefix", "suffix") if tier != "smoke" else ("alternating",):
+            mask = named_masks(n)[pattern]
+            for batch in batches:
+                specs.append(CaseSpec("shapes", widths, mask, mask, pattern == "suffix", batch))
+    return _dedupe(specs)
+
+
+def bias_specs(tier: str) -> list[CaseSpec]:
+    """Weight and bias frozen independently: frozen weight with trainable bias and the reverse, plus no bias."""
+    check_tier(tier)
+    n = 4
+    alt, none, every = named_masks(n)["alternating"], (False,) * n, (True,) * n
+    inverse = tuple(not b for b in alt)
+    pairs = [(alt, none), (none, alt), (every, none), (alt, inverse), (none, every)]
+    if tier == "smoke":
+        pairs = pairs[:2]
+    specs = [CaseSpec("bias", SQUARE4, w, b) for w, b in pairs]
+    specs += [CaseSpec("bias", NON_SQUARE4, w, b, True) for w, b in pairs]
+    specs += [CaseSpec("bias", SQUARE4, alt, None), CaseSpec("bias", NON_SQUARE4, every, None, True)]
+    return _dedupe(specs)
+
+
+def dtype_specs(tier: str) -> list[CaseSpec]:
+    """bf16 across the freeze patterns and both stacks."""
+    check_tier(tier)
+    patterns = ("alternating", "prefix", "suffix", "none") if tier != "smoke" else ("alternating",)
+    specs = []
+    for widths in (SQUARE4, NON_SQUARE4):
+        for pattern in patterns:
+            mask = named_masks(4)[pattern]
+            specs.append(CaseSpec("dtype", widths, mask, mask, True, (4, 6), "bf16"))
+    return _dedupe(specs)
+
+
+def replay_specs(tier: str) -> list[CaseSpec]:
+    """1, 2 and 3 backward passes over one graph with retain_graph=True."""
+    check_tier(tier)
+    replays = (2, 3) if tier != "smoke" else (2,)
+    patterns = ("alternating", "none", "prefix") if tier != "smoke" else ("alternating",)
+    specs = [CaseSpec("replay", SQUARE4, named_masks(4)[p], named_masks(4)[p], p != "prefix", (8,), "fp32", r)
+             for p in patterns for r in replays]
+    if tier != "smoke":
+        specs.append(CaseSpec("replay", NON_SQUARE4, named_masks(4)["alternating"], None, True, (4, 6), "bf16", 3))
+    return _dedupe(specs)
+
+
+def timing_specs(tier: str) -> list[CaseSpec]:
+    """Freezing before versus after the backend prepares the model, and unfreezing after (a PEFT step)."""
+    check_tier(tier)
+    timings = ("before", "after", "unfreeze_after")
+    patterns = ("alternating", "prefix") if tier != "smoke" else ("alternating",)
+    return _dedupe([CaseSpec("timing", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (8,), "fp32", 1, t)
+                    for p in patterns for t in timings])
+
+
+FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
+    "freeze": freeze_specs,
+    "shapes": shapes_specs,
+    "bias": bias_specs,
+    "dtype": dtype_specs,
+    "replay": replay_specs,
+    "timing": timing_specs,
+}
+
+
+@st.composite
+def case_specs(draw, family: str = "generated", max_layers: int = 6) -> CaseSpec:
+    """Any valid torch-lane spec; shrinks towards one small fp32 layer with nothing frozen."""
+    n = draw(st.integers(1, max_layers), label="layers")
+    widths = tuple(draw(st.lists(st.integers(1, 48), min_size=n + 1, max_size=n + 1), label="widths"))
+    weight_frozen = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n), label="weight_frozen"))
+    bias = draw(st.booleans(), label="bias")
+    bias_frozen = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n), label="bias_frozen")) if bias else None
+    batch_shape = draw(st.one_of(st.tuples(st.integers(1, 8)), st.tuples(st.integers(1, 4), st.integers(1, 6))),
+                       label="batch_shape")
+    return CaseSpec(
+        family=family,
+        widths=widths,
+        weight_frozen=weight_frozen,
+        bias_frozen=bias_frozen,
+        input_requires_grad=draw(st.booleans(), label="input_requires_grad"),
+        batch_shape=batch_shape,
+        dtype=draw(st.sampled_from(("fp32", "bf16")), label="dtype"),
+        replays=draw(st.integers(1, 3), label="replays"),
+        freeze_timing=draw(st.sampled_from(("before", "after", "unfreeze_after")), label="freeze_timing"),
+        seed=draw(st.integers(0, 3), label="seed"),
+    )

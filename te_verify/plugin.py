@@ -1,0 +1,212 @@
+"""The pytest plugin: options, case parametrization, expectations, report header, results rows.
+
+Case files declare FAMILY, LANE ("torch", "te" or "dist") and SPECS(tier); a test that takes the `case`
+fixture is parametrized over SPECS(tier) x the lane's backends, with ids "<backend>-<spec.id>".
+Rows travel as report.user_properties, which xdist ships to the controller, so none are lost.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from te_verify import compat, environment
+from te_verify.backends.registry import BackendError, TIER_DEFAULTS, lane_of, resolve_backend
+from te_verify.caserun import CaseRun
+from te_verify.compat import thunder_named_tensors
+from te_verify.matrix import TierError, check_tier
+from te_verify.report.results import write_results
+from te_verify.report.summary import render_summary
+
+ROW_KEY = "te_verify_row"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("te_verify")
+    group.addoption("--tier", default="pr", help="case tier: smoke, pr or nightly (default pr)")
+    group.addoption("--backend", action="append", default=[], metavar="NAME|pkg.mod:attr",
+                    help="backend to certify (repeatable): a built-in name or package.module:attr")
+    group.addoption("--report-dir", default=None, help="write results.json, summary.md and report.html here")
+    group.addoption("--max-examples", type=int, default=25, help="hypothesis examples per generated test")
+    group.addoption("--te-impl", default=None, help="TE implementation: reference, transformer_engine or package.module")
+
+
+class Session:
+    """Per-process state: selected backends, collected rows (controller), run header."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.tier = config.getoption("tier")
+        self.rows: list[dict] = []
+        self.compat: set[str] = set()
+        self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
+        self.backends = {name: resolve_backend(name) for name in names}
+        self.te_impl = _activate_te_impl(config.getoption("te_impl"))
+
+    def lane_backends(self, lane: str) -> list[tuple[str, object]]:
+        return [(b.name, b) for n, b in self.backends.items() if lane_of(n, b) == lane]
+
+    def header(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "started": self.started.isoformat(),
+            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "tier": self.tier,
+            "argv": list(self.config.invocation_params.args),
+            "versions": environment.versions(),
+            "device": environment.device(),
+            "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why},
+            "compat": sorted(self.compat | set(compat.APPLIED)),
+            "backends": {b.name: _availability(b) for b in self.backends.values()},
+        }
+
+
+def _availability(backend) -> str:
+    ok, reason = backend.available()
+    return "available" if ok else f"unavailable: {reason}"
+
+
+def _activate_te_impl(choice: str | None):
+    from te_verify import te_api
+
+    impl = te_api.resolve(choice)
+    te_api.activate(impl)
+    return impl
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "te_verify_case: a generated conformance case")
+    thunder_named_tensors.apply()  # before anything can import thunder, in every process
+    try:
+        check_tier(config.getoption("tier"))
+        config.stash[SESSION] = Session(config)
+    except (TierError, BackendError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+SESSION = pytest.StashKey[Session]()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash[SESSION]
+    versions = environment.versions()
+    return [
+        f"te_verify: tier {session.tier}; backends {', '.join(session.backends)}",
+        "te_verify versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"te_verify device: {environment.device()}",
+        f"te_verify TE implementation: {session.te_impl.name} ({session.te_impl.why})",
+        "te_verify compatibility steps: " + ("; ".join(compat.APPLIED) or "none"),
+    ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    session = metafunc.config.stash[SESSION]
+    module = metafunc.module
+    specs = module.SPECS(session.tier)
+    if module.LANE == "dist":
+        runs = [CaseRun(spec, spec.dist.wrapper, None) for spec in specs]
+    else:
+        runs = [CaseRun(spec, name, backend) for name, backend in session.lane_backends(module.LANE) for spec in specs]
+    metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}" for r in runs])
+
+
+@pytest.fixture
+def case(request: pytest.FixtureRequest) -> CaseRun:
+    run: CaseRun = request.param
+    if run.backend is not None:
+        ok, reason = run.backend.available()
+        if not ok:
+            pytest.skip(f"backend {run.backend_name} unavailable: {reason}")
+    return run
+
+
+def _case_of(item: pytest.Item) -> CaseRun | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("case") if callspec else None
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.when != "call" and report.failed:
+        return "error"
+    return report.outcome
+
+
+def _reason(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return report.wasxfail
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return report.longrepr[2].removeprefix("Skipped: ")
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        return crash.message if crash else str(report.longrepr)[-2000:]
+    return ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+        return
+    run = _case_of(item)
+    module = getattr(item, "module", None)
+    row = {
+        "nodeid": item.nodeid,
+        "case_id": run.spec.id if run else item.name,
+        "family": run.spec.family if run else getattr(module, "FAMILY", item.module.__name__ if module else "?"),
+        "backend": run.backend_name if run else "-",
+        "outcome": _outcome(report),
+        "reason": _reason(report),
+        "duration": round(report.duration, 4),
+        "figures": dict(run.figures) if run else {},
+        "spec": run.spec.to_dict() if run else None,
+        "expectation": None,
+        "compat": list(compat.APPLIED),
+    }
+    report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not _CONTROLLER:
+        return
+    session = _CONTROLLER[0]
+    for key, value in report.user_properties:
+        if key == ROW_KEY:
+            row = json.loads(value)
+            row["worker"] = getattr(report, "node", None) and report.node.gateway.id or "main"
+            session.compat.update(row.pop("compat"))
+            session.rows.append(row)
+
+
+_CONTROLLER: list[Session] = []  # the controller's Session (or the only process's, without xdist)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) collects rows
+        _CONTROLLER[:] = [session.config.stash[SESSION]]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput") or not _CONTROLLER:
+        return
+    state = _CONTROLLER[0]
+    report_dir = session.config.getoption("report_dir")
+    if not report_dir:
+        return
+    write_report(Path(report_dir), {"schema_version": 1, "header": state.header(), "rows": state.rows})
+
+
+def write_report(report_dir: Path, results: dict) -> None:
+    write_results(report_dir / "results.json", results["header"], results["rows"])
+    (report_dir / "summary.md").write_text(render_summary(results))

@@ -1,0 +1,34 @@
+"""What one run of a case on one backend leaves behind: outputs, gradients per backward pass, figures."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+INPUT_GRAD = "<input>"  # key of the model input's gradient in Record.grads
+
+
+@dataclass
+class Record:
+    """The observable result of a run; checks are pure functions of records."""
+
+    # Backend name that produced this record.
+    backend: str
+    # Forward output, detached (None if the forward raised).
+    output: torch.Tensor | None = None
+    # grads[k] = gradients after backward pass k+1, by qualified parameter name (INPUT_GRAD for the input);
+    # None where the gradient is None.
+    grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    # The exception that ended the run early, if any.
+    error: BaseException | None = None
+    # Where it was raised: 0 = building/preparing/forward, k >= 1 = k-th backward pass.
+    error_pass: int | None = None
+    # Probe figures and backend figures (compilations, GEMM log summary, ...), JSON-serialisable.
+    figures: dict[str, Any] = field(default_factory=dict)
+    # Raw probe observations that checks read (e.g. GEMM events); not written to the report.
+    observations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passes_done(self) -> int:
+        return len(self.grads)

@@ -1,0 +1,66 @@
+"""summary.md: the families x backends matrix with outcome counts and the worst waste ratio per cell."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+SHOWN = ("passed", "failed", "xfailed", "skipped", "error", "xpassed")
+
+
+def cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(family, backend) -> {"counts": {outcome: n}, "ratios": {figure: worst}}."""
+    table: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"counts": defaultdict(int), "ratios": {}})
+    for row in rows:
+        cell = table[(row.get("family", "?"), row.get("backend", "?"))]
+        cell["counts"][row["outcome"]] += 1
+        for key, value in (row.get("figures") or {}).items():
+            if key.endswith("_ratio") and isinstance(value, (int, float)):
+                cell["ratios"][key] = max(value, cell["ratios"].get(key, value))
+    return table
+
+
+def _cell_text(cell: dict[str, Any]) -> str:
+    counts = ", ".join(f"{cell['counts'][o]} {o}" for o in SHOWN if cell["counts"].get(o))
+    return counts or "-"
+
+
+def _ratio_text(cell: dict[str, Any]) -> str:
+    ratios = cell["ratios"]
+    return ", ".join(f"{k.removesuffix('_ratio')} {v:.2f}" for k, v in sorted(ratios.items())) or "-"
+
+
+def render_summary(results: dict[str, Any]) -> str:
+    header, rows = results["header"], results["rows"]
+    table = cells(rows)
+    families = sorted({f for f, _ in table})
+    backends = sorted({b for _, b in table})
+    totals = defaultdict(int)
+    for row in rows:
+        totals[row["outcome"]] += 1
+    lines = [
+        f"# te_verify summary: tier {header.get('tier')}, run {header.get('run_id')}",
+        "",
+        "Totals: " + ", ".join(f"{totals[o]} {o}" for o in SHOWN if totals.get(o)),
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in header.get("versions", {}).items()),
+        f"Device: {header.get('device')}; TE implementation: {header.get('te_impl', {}).get('name')}",
+        "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
+        "",
+        "## Outcomes (family x backend)",
+        "",
+        "| family | " + " | ".join(backends) + " |",
+        "|---|" + "---|" * len(backends),
+    ]
+    for family in families:
+        row = [_cell_text(table[(family, b)]) if (family, b) in table else "" for b in backends]
+        lines.append(f"| {family} | " + " | ".join(row) + " |")
+    lines += ["", "## Worst waste ratio (actual / required; 1.00 is the goal)", "",
+              "| family | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
+    for family in families:
+        row = [_ratio_text(table[(family, b)]) if (family, b) in table else "" for b in backends]
+        lines.append(f"| {family} | " + " | ".join(row) + " |")
+    failures = [r for r in rows if r["outcome"] in ("failed", "error", "xpassed")]
+    if failures:
+        lines += ["", "## Failures", ""]
+        lines += [f"- `{r['nodeid']}`: {r.get('reason', '').splitlines()[0] if r.get('reason') else ''}" for r in failures]
+    return "\n".join(lines) + "\n"

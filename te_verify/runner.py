@@ -1,0 +1,72 @@
+"""Run one case on one backend: build, freeze, prepare once, forward, k backward passes, under probes."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+
+from te_verify.backends.base import Backend
+from te_verify.models import CaseInputs, build_model, make_inputs, set_frozen, unfreeze_all
+from te_verify.probes.base import Probe
+from te_verify.record import INPUT_GRAD, Record
+from te_verify.spec import CaseSpec
+
+
+def snapshot_grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    """Clones of every parameter's .grad (None kept as None) and the input's, by qualified name."""
+    grads = {name: (p.grad.detach().clone() if p.grad is not None else None) for name, p in model.named_parameters()}
+    grads[INPUT_GRAD] = x.grad.detach().clone() if x.grad is not None else None
+    return grads
+
+
+def prepare_frozen(backend: Backend, model: torch.nn.Module, spec: CaseSpec):
+    """Freeze before or after the backend prepares the model, as the spec says; return the callable."""
+    if spec.freeze_timing in ("before", "unfreeze_after"):
+        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
+    fn = backend.prepare(model, spec)
+    if spec.freeze_timing == "after":
+        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
+    elif spec.freeze_timing == "unfreeze_after":
+        unfreeze_all(model)
+    return fn
+
+
+def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
+                 probes: Iterable[Probe] = ()) -> Record:
+    """Forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
+    probes = list(probes)
+    stage = 0
+    with contextlib.ExitStack() as stack:
+        for probe in probes:
+            stack.enter_context(probe)
+        try:
+            for probe in probes:
+                probe.phase("forward")
+            out = fn(inputs.x)
+            record.output = out.detach().clone()
+            for k in range(1, spec.replays + 1):
+                stage = k
+                for probe in probes:
+                    probe.phase("backward", k)
+                out.backward(inputs.grad_output, retain_graph=k < spec.replays)
+                record.grads.append(snapshot_grads(model, inputs.x))
+        except Exception as exc:  # a raise is an observation the replay check compares with eager's
+            record.error, record.error_pass = exc, stage
+    for probe in probes:
+        record.figures.update(probe.figures())
+        record.observations.update(probe.observations())
+    return record
+
+
+def run_case(spec: CaseSpec, backend: Backend, probes: Iterable[Probe] = ()) -> Record:
+    """Run `spec` on `backend` from the seeded model and inputs; never raises for the backend's faults."""
+    record = Record(backend=backend.name)
+    model = build_model(spec)
+    inputs = make_inputs(spec)
+    try:
+        fn = prepare_frozen(backend, model, spec)
+    except Exception as exc:
+        record.error, record.error_pass = exc, 0
+        return record
+    return run_prepared(fn, model, inputs, spec, record, probes)

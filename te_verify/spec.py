@@ -1,0 +1,198 @@
+"""Case specs: what to build and how to run it. Frozen and hashable; no behaviour beyond naming.
+
+A spec names a stack of linear layers (widths, which weights and biases are frozen), the input, the
+dtype, how many backward replays to run, when freezing happens relative to the backend preparing the
+model, and optionally a TE configuration and a distributed configuration.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+DTYPES = ("fp32", "bf16")
+FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
+RECIPES = (None, "delayed", "current")
+TE_MODULES = ("linear", "grouped_linear", "grouped_mlp")
+WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+
+
+class SpecError(ValueError):
+    """An invalid spec; the message names the field and the value."""
+
+
+def _mask(bits: tuple[bool, ...]) -> str:
+    return "".join("1" if b else "0" for b in bits)
+
+
+@dataclass(frozen=True)
+class TEConfig:
+    """How the TE lane runs a case (ignored by backends that do not use TE modules)."""
+
+    # FP8 recipe: None (no FP8, high-precision GEMMs), "delayed" (DelayedScaling, amax history) or
+    # "current" (Float8CurrentScaling).
+    recipe: str | None = None
+    # Which TE construct serves the layers: the Linear module, the GroupedLinear op or the fused grouped MLP.
+    module: str = "linear"
+    # fuse_wgrad_accumulation: the wgrad GEMM accumulates into param.main_grad instead of returning it.
+    main_grad: bool = False
+    # The param carries grad_added_to_main_grad (the Megatron protocol): backward returns a dummy wgrad.
+    grad_added_to_main_grad: bool = False
+    # delay_wgrad_compute: backward queues the wgrad GEMM; backward_dw() runs it.
+    delay_wgrad: bool = False
+    # Number of microbatches run (forward+backward each) before gradients are read.
+    microbatches: int = 1
+
+    @property
+    def tag(self) -> str:
+        parts = [f"fp8{self.recipe}" if self.recipe else "hp"]
+        if self.module != "linear":
+            parts.append(self.module)
+        if self.main_grad:
+            parts.append("mg" + ("+added" if self.grad_added_to_main_grad else ""))
+        if self.delay_wgrad:
+            parts.append("dw")
+        if self.microbatches > 1:
+            parts.append(f"mb{self.microbatches}")
+        return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """How the distributed lane wraps a case."""
+
+    # One of WRAPPERS.
+    wrapper: str
+    # Number of ranks; each rank feeds its shard of the global batch.
+    world_size: int = 2
+    # Wrapper keyword options as sorted (name, value) pairs, so the config stays hashable.
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def tag(self) -> str:
+        opts = "".join(f".{k}={v}" for k, v in self.options)
+        return f"{self.wrapper}{opts}.ws{self.world_size}"
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One generated case. `id` is stable and readable; it is the pytest id and the report key."""
+
+    # Case family (one file under cases/ each); names the report's matrix row.
+    family: str
+    # Feature widths at every layer boundary: len(widths) == number of layers + 1.
+    widths: tuple[int, ...]
+    # Per layer: is the weight frozen (requires_grad=False)?
+    weight_frozen: tuple[bool, ...]
+    # Per layer: is the bias frozen? None means the layers have no bias.
+    bias_frozen: tuple[bool, ...] | None = None
+    # Does the model input require grad (a trainable upstream, e.g. an embedding)?
+    input_requires_grad: bool = False
+    # Leading input dims: (batch,) for 2-D inputs, (batch, seq) for 3-D inputs.
+    batch_shape: tuple[int, ...] = (8,)
+    # Parameter and input dtype: "fp32" or "bf16".
+    dtype: str = "fp32"
+    # Backward passes over one forward graph; all but the last use retain_graph=True.
+    replays: int = 1
+    # "before": freeze, then the backend prepares; "after": prepare, then freeze;
+    # "unfreeze_after": freeze, prepare, then unfreeze everything (a PEFT schedule step).
+    freeze_timing: str = "before"
+    # TE lane configuration; None for cases that use plain torch.nn.Linear.
+    te: TEConfig | None = None
+    # Distributed configuration; None for single-process cases.
+    dist: DistConfig | None = None
+    # Seed for weights, inputs and the output cotangent; the same for every backend of the case.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.widths) - 1
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias_frozen is not None
+
+    @property
+    def id(self) -> str:
+        parts = [f"lin{self.n_layers}", "w" + ".".join(map(str, self.widths)), "freeze" + _mask(self.weight_frozen)]
+        if not self.has_bias:
+            parts.append("nobias")
+        elif self.bias_frozen == self.weight_frozen:
+            parts.append("bias")
+        else:
+            parts.append("bias" + _mask(self.bias_frozen))
+        parts.append("x_grad" if self.input_requires_grad else "x_nograd")
+        parts.append("in" + "x".join(map(str, self.batch_shape)))
+        parts.append(self.dtype)
+        parts.append(f"r{self.replays}")
+        if self.freeze_timing != "before":
+            parts.append(self.freeze_timing.replace("_", ""))
+        if self.te is not None:
+            parts.append(self.te.tag)
+        if self.dist is not None:
+            parts.append(self.dist.tag)
+        if self.seed:
+            parts.append(f"s{self.seed}")
+        return "-".join(parts)
+
+    def frozen_after_prepare(self) -> tuple[tuple[bool, ...], tuple[bool, ...] | None]:
+        """The (weight, bias) freeze masks in force when backward runs."""
+        if self.freeze_timing == "unfreeze_after":
+            none = tuple(False for _ in self.weight_frozen)
+            return none, (none if self.has_bias else None)
+        return self.weight_frozen, self.bias_frozen
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaseSpec":
+        d = dict(d)
+        for key in ("widths", "weight_frozen", "batch_shape"):
+            d[key] = tuple(d[key])
+        if d.get("bias_frozen") is not None:
+            d["bias_frozen"] = tuple(d["bias_frozen"])
+        if d.get("te") is not None:
+            d["te"] = TEConfig(**d["te"])
+        if d.get("dist") is not None:
+            dist = dict(d["dist"])
+            dist["options"] = tuple(tuple(o) for o in dist.get("options", ()))
+            d["dist"] = DistConfig(**dist)
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "CaseSpec":
+        return dataclasses.replace(self, **changes)
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise SpecError(what)
+
+
+def validate(spec: CaseSpec) -> None:
+    """Raise SpecError naming the first bad field; a spec that passes can be built and run."""
+    n = len(spec.widths) - 1
+    _check(n >= 1, f"widths={spec.widths!r}: need at least two widths (one layer)")
+    _check(all(isinstance(w, int) and w > 0 for w in spec.widths), f"widths={spec.widths!r}: widths must be positive ints")
+    _check(len(spec.weight_frozen) == n, f"weight_frozen={spec.weight_frozen!r}: expected {n} entries, one per layer")
+    if spec.bias_frozen is not None:
+        _check(len(spec.bias_frozen) == n, f"bias_frozen={spec.bias_frozen!r}: expected {n} entries, one per layer")
+    _check(spec.dtype in DTYPES, f"dtype={spec.dtype!r}: expected one of {DTYPES}")
+    _check(spec.replays >= 1, f"replays={spec.replays!r}: at least one backward pass")
+    _check(spec.freeze_timing in FREEZE_TIMINGS, f"freeze_timing={spec.freeze_timing!r}: expected one of {FREEZE_TIMINGS}")
+    _check(len(spec.batch_shape) in (1, 2) and all(b > 0 for b in spec.batch_shape),
+           f"batch_shape={spec.batch_shape!r}: expected (batch,) or (batch, seq) with positive sizes")
+    if spec.te is not None:
+        _check(spec.te.recipe in RECIPES, f"te.recipe={spec.te.recipe!r}: expected one of {RECIPES}")
+        _check(spec.te.module in TE_MODULES, f"te.module={spec.te.module!r}: expected one of {TE_MODULES}")
+        _check(spec.te.microbatches >= 1, f"te.microbatches={spec.te.microbatches!r}: at least one")
+        _check(not spec.te.grad_added_to_main_grad or spec.te.main_grad,
+               "te.grad_added_to_main_grad=True needs te.main_grad=True")
+    if spec.dist is not None:
+        _check(spec.dist.wrapper in WRAPPERS, f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS}")
+        _check(spec.dist.world_size >= 1, f"dist.world_size={spec.dist.world_size!r}: at least one rank")
+        _check(spec.batch_shape[0] % spec.dist.world_size == 0,
+               f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks")
