@@ -106,9 +106,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    session = metafunc.config.stash[SESSION]
+    if "te_backend" in metafunc.fixturenames:  # a test over the lane's backends, drawing its own specs
+        pairs = session.lane_backends(metafunc.module.LANE)
+        metafunc.parametrize("te_backend", pairs, ids=[name for name, _ in pairs])
     if "case" not in metafunc.fixturenames:
         return
-    session = metafunc.config.stash[SESSION]
     module = metafunc.module
     specs = module.SPECS(session.tier)
     if module.LANE == "dist":

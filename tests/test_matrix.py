@@ -1,0 +1,68 @@
+"""The generators cover what the issue lists, ids are unique and stable, and bad specs fail in one line."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import find, settings
+
+from te_verify.matrix import FAMILIES, TIERS, TierError, all_masks, case_specs, freeze_specs
+from te_verify.spec import CaseSpec, SpecError
+
+PR = [s for gen in FAMILIES.values() for s in gen("pr")]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_ids_unique_and_deterministic(tier):
+    for gen in FAMILIES.values():
+        first, second = [s.id for s in gen(tier)], [s.id for s in gen(tier)]
+        assert first == second and len(set(first)) == len(first)
+
+
+def test_id_is_readable_and_stable():
+    spec = CaseSpec("freeze", (32, 64, 128, 64, 32), (True, False, True, False), (True, False, True, False), True,
+                    (8,), "fp32", 2)
+    assert spec.id == "lin4-w32.64.128.64.32-freeze1010-bias-x_grad-in8-fp32-r2"
+    assert CaseSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_pr_tier_covers_the_required_axes():
+    masks4 = {s.weight_frozen for s in freeze_specs("pr")}
+    assert masks4 == set(all_masks(4))  # every mask, all-frozen and none-frozen included
+    assert {s.n_layers for s in PR} >= {2, 3, 4, 5, 6}
+    assert (32, 64, 128, 64, 32) in {s.widths for s in PR} and (32,) * 5 in {s.widths for s in PR}
+    assert any(all(w % 8 for w in s.widths) for s in PR)  # widths off the 8/16 grid
+    assert {len(s.batch_shape) for s in PR} == {1, 2}
+    assert {s.dtype for s in PR} == {"fp32", "bf16"}
+    assert {s.replays for s in PR} == {1, 2, 3}
+    assert {s.freeze_timing for s in PR} == {"before", "after", "unfreeze_after"}
+    assert {s.input_requires_grad for s in PR} == {True, False}
+    assert any(s.bias_frozen is not None and s.bias_frozen != s.weight_frozen for s in PR)
+    assert any(s.bias_frozen is None for s in PR)
+    assert (True, False, True, False) in masks4  # seed 000's alternating pattern
+
+
+@pytest.mark.parametrize("changes, culprit", [
+    ({"widths": (32,)}, "widths"),
+    ({"weight_frozen": (True, True)}, "weight_frozen"),
+    ({"bias_frozen": (True, False)}, "bias_frozen"),
+    ({"dtype": "fp16"}, "dtype='fp16'"),
+    ({"replays": 0}, "replays=0"),
+    ({"freeze_timing": "later"}, "freeze_timing='later'"),
+    ({"batch_shape": (2, 3, 4)}, "batch_shape"),
+])
+def test_invalid_spec_is_one_line_naming_the_field(changes, culprit):
+    base = dict(family="f", widths=(4, 4), weight_frozen=(False,), bias_frozen=(False,))
+    with pytest.raises(SpecError) as info:
+        CaseSpec(**{**base, **changes})
+    assert culprit in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_tier_is_rejected():
+    with pytest.raises(TierError, match="--tier 'weekly'"):
+        freeze_specs("weekly")
+
+
+def test_strategy_shrinks_to_the_smallest_failing_spec():
+    """A fault that needs a frozen layer behind two others shrinks to exactly that, at width 1."""
+    smallest = find(case_specs(), lambda s: s.n_layers >= 3 and s.weight_frozen[2], settings=settings(database=None))
+    assert smallest.n_layers == 3 and smallest.weight_frozen == (False, False, True)
+    assert set(smallest.widths) == {1} and smallest.replays == 1 and smallest.dtype == "fp32"

@@ -1,0 +1,67 @@
+"""The pytest plugin: rows from every xdist worker reach results.json, bad options fail in one line,
+and an external backend runs through the whole pr matrix."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from te_verify.matrix import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_rows_from_every_xdist_worker_reach_results(tmp_path):
+    report = tmp_path / "report"
+    proc = run_pytest("cases/test_freeze.py", "cases/test_bias.py", "--tier", "smoke", "--backend", "eager",
+                      "-n", "2", "--report-dir", str(report))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    results = json.loads((report / "results.json").read_text())
+    expected = len(FAMILIES["freeze"]("smoke")) + len(FAMILIES["bias"]("smoke"))
+    assert len(results["rows"]) == expected
+    assert {r["worker"] for r in results["rows"]} == {"gw0", "gw1"}
+    assert {r["outcome"] for r in results["rows"]} == {"passed"}
+    header = results["header"]
+    assert header["versions"]["torch"].startswith("2.") and header["tier"] == "smoke"
+    assert any("thunder-named-tensor-stubs" in step for step in header["compat"])
+    assert "| freeze |" in (report / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("option, culprit", [
+    (["--backend", "nosuch"], "--backend 'nosuch': unknown backend"),
+    (["--backend", "nosuch_module:Thing"], "--backend 'nosuch_module:Thing': cannot load it"),
+    (["--backend", "external_backend:NotThere"], "--backend 'external_backend:NotThere': cannot load it"),
+    (["--tier", "weekly"], "--tier 'weekly'"),
+])
+def test_bad_option_is_a_one_line_usage_error(option, culprit):
+    proc = run_pytest("cases/test_freeze.py", "--collect-only", "-q", *option)
+    assert proc.returncode == 4  # pytest's usage-error status
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and culprit in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_report_header_names_versions_and_compat():
+    proc = run_pytest("cases/test_freeze.py", "--collect-only", "--backend", "eager")
+    out = proc.stdout
+    assert "te_verify versions: python" in out and "thunder 0.2.6" in out
+    assert "transformer_engine absent:" in out and "thunder-named-tensor-stubs" in out
+
+
+def test_external_backend_runs_the_whole_pr_matrix(tmp_path):
+    proc = run_pytest("cases", "--tier", "pr", "--backend", "external_backend:FunctionalCallBackend", "-n", "2",
+                      "--report-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    torch_lane = sum(len(gen("pr")) for gen in FAMILIES.values())
+    passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
+    assert len(passed) == torch_lane
