@@ -5,7 +5,7 @@ from typing import Iterable
 
 from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
-from te_verify.backends.thunder import compilations
+from te_verify.backends.compilations import count_compilations
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
@@ -42,7 +42,7 @@ class CaseRun:
             record.error, record.error_pass = exc, 0
             return record
         run_prepared(fn, model, inputs, spec, record, probes)
-        compiled = compilations(fn)
+        compiled = count_compilations(fn)
         if compiled is not None:
             record.figures["compilations"] = compiled
         return record

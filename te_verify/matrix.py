@@ -56,7 +56,11 @@ def freeze_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     masks = all_masks(4) if tier != "smoke" else list(named_masks(4).values())
     x_grads = (False, True) if tier != "smoke" else (False,)
-    return _dedupe([CaseSpec("freeze", SQUARE4, m, m, x) for m in masks for x in x_grads])
+    specs = [CaseSpec("freeze", SQUARE4, m, m, x) for m in masks for x in x_grads]
+    if tier == "nightly":  # every mask again on the non-square stack, 3-D, bf16, and with a second seed
+        specs += [CaseSpec("freeze", NON_SQUARE4, m, m, x, (4, 6), dtype, seed=seed)
+                  for m in masks for x in x_grads for dtype in ("fp32", "bf16") for seed in (0, 1)]
+    return _dedupe(specs)
 
 
 def shapes_specs(tier: str) -> list[CaseSpec]:
@@ -112,6 +116,8 @@ def replay_specs(tier: str) -> list[CaseSpec]:
              for p in patterns for r in replays]
     if tier != "smoke":
         specs.append(CaseSpec("replay", NON_SQUARE4, named_masks(4)["alternating"], None, True, (4, 6), "bf16", 3))
+    # Replays after a plain training step (the first backward compiled without retain_graph).
+    specs += [s.replace(warmup_steps=1) for s in specs if s.replays == 2]
     return _dedupe(specs)
 
 
@@ -153,6 +159,7 @@ def case_specs(draw, family: str = "generated", max_layers: int = 6) -> CaseSpec
         batch_shape=batch_shape,
         dtype=draw(st.sampled_from(("fp32", "bf16")), label="dtype"),
         replays=draw(st.integers(1, 3), label="replays"),
+        warmup_steps=draw(st.integers(0, 1), label="warmup_steps"),
         freeze_timing=draw(st.sampled_from(("before", "after", "unfreeze_after")), label="freeze_timing"),
         seed=draw(st.integers(0, 3), label="seed"),
     )

@@ -32,11 +32,24 @@ def prepare_frozen(backend: Backend, model: torch.nn.Module, spec: CaseSpec):
     return fn
 
 
+def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int) -> None:
+    """Run plain training steps, then clear every gradient so the measured pass starts clean."""
+    for _ in range(steps):
+        fn(inputs.x).backward(inputs.grad_output)
+    model.zero_grad(set_to_none=True)
+    inputs.x.grad = None
+
+
 def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
                  probes: Iterable[Probe] = ()) -> Record:
-    """Forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
+    """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
     probes = list(probes)
     stage = 0
+    try:
+        warm_up(fn, model, inputs, spec.warmup_steps)
+    except Exception as exc:
+        record.error, record.error_pass = exc, 0
+        return record
     with contextlib.ExitStack() as stack:
         for probe in probes:
             stack.enter_context(probe)

@@ -103,6 +103,9 @@ class CaseSpec:
     dist: DistConfig | None = None
     # Seed for weights, inputs and the output cotangent; the same for every backend of the case.
     seed: int = 0
+    # Plain training steps (forward + backward, no retain_graph, grads then cleared) run before the measured
+    # forward: a compiler that specialised its backward on the first step must still honour the replays.
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
@@ -128,6 +131,8 @@ class CaseSpec:
         parts.append("in" + "x".join(map(str, self.batch_shape)))
         parts.append(self.dtype)
         parts.append(f"r{self.replays}")
+        if self.warmup_steps:
+            parts.append(f"wu{self.warmup_steps}")
         if self.freeze_timing != "before":
             parts.append(self.freeze_timing.replace("_", ""))
         if self.te is not None:
@@ -182,6 +187,7 @@ def validate(spec: CaseSpec) -> None:
         _check(len(spec.bias_frozen) == n, f"bias_frozen={spec.bias_frozen!r}: expected {n} entries, one per layer")
     _check(spec.dtype in DTYPES, f"dtype={spec.dtype!r}: expected one of {DTYPES}")
     _check(spec.replays >= 1, f"replays={spec.replays!r}: at least one backward pass")
+    _check(spec.warmup_steps >= 0, f"warmup_steps={spec.warmup_steps!r}: cannot be negative")
     _check(spec.freeze_timing in FREEZE_TIMINGS, f"freeze_timing={spec.freeze_timing!r}: expected one of {FREEZE_TIMINGS}")
     _check(len(spec.batch_shape) in (1, 2) and all(b > 0 for b in spec.batch_shape),
            f"batch_shape={spec.batch_shape!r}: expected (batch,) or (batch, seq) with positive sizes")

@@ -23,12 +23,3 @@ class ThunderBackend:
 
         return import_thunder().jit(model)
 
-
-def compilations(fn) -> int | None:
-    """How many times thunder compiled `fn` (its cache misses), or None if `fn` is not a thunder function."""
-    try:
-        from te_verify.compat.thunder_named_tensors import import_thunder
-
-        return int(import_thunder().cache_misses(fn))
-    except Exception:  # not a thunder-jitted callable
-        return None

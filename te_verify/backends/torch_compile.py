@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch._dynamo.utils import counters
 
 from te_verify.spec import CaseSpec
 
@@ -20,4 +21,5 @@ class TorchCompileBackend:
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
         torch._dynamo.reset()  # no guard/cache carry-over between cases: each case compiles once, fresh
+        counters.clear()  # reset() keeps them; compilations() reads unique_graphs for this case alone
         return torch.compile(model, backend=self.dynamo_backend, fullgraph=True)

@@ -1,0 +1,56 @@
+"""Measure a tier: wall time, cases per backend, time per case, compilations; from a fresh run's results.json.
+
+    .venv/bin/python scripts/bench_pr.py [--tier pr] [--report-dir DIR] [extra te-verify run args]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def summarise(results: dict, wall: float) -> str:
+    rows = results["rows"]
+    outcomes = Counter(r["outcome"] for r in rows)
+    by_backend = Counter((r["backend"], r["outcome"]) for r in rows)
+    compilations = [r["figures"].get("compilations") for r in rows if r["figures"].get("compilations") is not None]
+    thunder = [r["figures"]["compilations"] for r in rows
+               if r["backend"].startswith("thunder") and "compilations" in r["figures"]]
+    durations = [r["duration"] for r in rows if r["outcome"] != "skipped"]
+    lines = [
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
+        f"tier {results['header']['tier']}: wall {wall:.0f} s, {len(rows)} cases ({dict(outcomes)})",
+        f"time per case: mean {statistics.mean(durations):.3f} s, median {statistics.median(durations):.3f} s "
+        f"(per worker; wall/cases = {wall / max(len(rows), 1):.3f} s)",
+        f"thunder compilations: {sum(thunder)} over {len(thunder)} thunder cases (max per case {max(thunder, default=0)})",
+        f"all compilations: max per case per backend {max(compilations, default=0)}",
+        "per backend: " + ", ".join(f"{b} {o} {n}" for (b, o), n in sorted(by_backend.items())),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tier", default="pr")
+    parser.add_argument("--report-dir", default=str(ROOT / "reports" / "bench"))
+    args, extra = parser.parse_known_args()
+    start = time.monotonic()
+    code = subprocess.call([str(ROOT / ".venv" / "bin" / "te-verify"), "run", "--tier", args.tier,
+                            "--report-dir", args.report_dir, *extra])
+    wall = time.monotonic() - start
+    results = json.loads((Path(args.report_dir) / "results.json").read_text())
+    print(summarise(results, wall))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
