@@ -25,7 +25,12 @@ from te_verify.report.summary import render_summary
 ROW_KEY = "te_verify_row"
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+LANE_PLUGINS = ("te_verify.distributed.fixtures",)  # per-lane fixtures and options
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    for name in LANE_PLUGINS:
+        pluginmanager.import_plugin(name)
     group = parser.getgroup("te_verify")
     group.addoption("--tier", default="pr", help="case tier: smoke, pr or nightly (default pr)")
     group.addoption("--backend", action="append", default=[], metavar="NAME|pkg.mod:attr",

@@ -1,0 +1,74 @@
+"""Gradient communication: the reduce-scatter / all-reduce volume in backward equals the trainable bytes.
+
+Frozen parameters must not be reduced (volume above the trainable size plus sharding padding) and every
+trainable parameter must be (volume below the trainable size means a gradient skipped its reduction).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from te_verify.checks.verdict import Verdict
+
+GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
+ALIGN_BYTES = 16  # FSDP1 with use_orig_params aligns every parameter in its flat buffer
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter as the communication check sees it."""
+
+    # "<layer>.<weight|bias>".
+    name: str
+    # Shape of the full parameter.
+    shape: tuple[int, ...]
+    # Bytes per element.
+    element_size: int
+    # Does it require grad when backward runs?
+    trainable: bool
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.element_size
+
+    def padding_bound(self, world_size: int) -> int:
+        """Most bytes sharding may add: dim 0 padded to a multiple of the world size, plus alignment."""
+        row = self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.element_size
+        return (world_size - 1) * row + ALIGN_BYTES
+
+
+def reduction_bytes(calls: list[tuple[str, int, str]]) -> int:
+    return sum(nbytes for kind, nbytes, phase in calls if kind in GRAD_REDUCTIONS and phase == "backward")
+
+
+def summarize(calls: list[tuple[str, int, str]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for kind, nbytes, phase in calls:
+        out[f"{kind}_{phase}_calls"] = out.get(f"{kind}_{phase}_calls", 0) + 1
+        out[f"{kind}_{phase}_bytes"] = out.get(f"{kind}_{phase}_bytes", 0) + nbytes
+    return out
+
+
+def gradient_volume(case_id: str, backend: str, calls: list[tuple[str, int, str]], params: list[ParamInfo],
+                    world_size: int) -> Verdict:
+    """Backward reduction bytes within [trainable bytes, trainable bytes + padding bound]."""
+    actual = reduction_bytes(calls)
+    trainable = [p for p in params if p.trainable]
+    required = sum(p.nbytes for p in trainable)
+    slack = sum(p.padding_bound(world_size) for p in trainable)
+    figures = {"collective_bytes_actual": actual, "collective_bytes_required": required,
+               "collective_bytes_ratio": (actual / required) if required else (0.0 if not actual else float("inf")),
+               **summarize(calls)}
+    head = f"[{case_id}] backend {backend}"
+    if actual < required:
+        return Verdict("gradient_volume", False, f"{head}: backward reduced {actual} B of gradients, the trainable "
+                       f"parameters ({', '.join(p.name for p in trainable)}) need {required} B: some were not reduced",
+                       figures)
+    if actual > required + slack:
+        frozen = [p.name for p in params if not p.trainable]
+        return Verdict("gradient_volume", False, f"{head}: backward reduced {actual} B of gradients, the trainable "
+                       f"parameters need {required} B (+{slack} B padding at most): frozen parameters "
+                       f"({', '.join(frozen) or 'none'}) were communicated", figures)
+    return Verdict("gradient_volume", True, figures=figures)

@@ -1,0 +1,140 @@
+"""Run one distributed case inside a rank (pool rank or torchrun rank) and return what it observed.
+
+Every rank builds the identical seeded model, freezes it as the spec says (before or after wrapping),
+wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
+scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
+batch. Collectives are counted and the gathered-parameter timeline recorded while forward and backward run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
+from te_verify.distributed.wrappers import Wrapped, WrapperError, wrap
+from te_verify.models import build_model, make_inputs
+from te_verify.spec import CaseSpec
+
+
+@dataclass
+class DistCase:
+    """What the pool sends to every rank."""
+
+    # The case.
+    spec: CaseSpec
+    # Replaces te_verify.distributed.wrappers.wrap (planted faults in tests); module-level, picklable.
+    wrap: Callable[[nn.Sequential, CaseSpec], Wrapped] | None = None
+
+
+@dataclass
+class RankOutcome:
+    """One rank's observations of one case (all picklable)."""
+
+    # The rank.
+    rank: int
+    # Full gradients by "<layer>.<weight|bias>" (None where the gradient is None).
+    grads: dict[str, torch.Tensor | None]
+    # Full gradient of the global input, gathered from every rank's shard (None if the input needs none).
+    input_grad: torch.Tensor | None
+    # One (kind, bytes, phase) per collective call during forward and backward.
+    collectives: list[tuple[str, int, str]]
+    # (event, boundary, gathered bytes per layer) in backward order; empty when not observable.
+    timeline: list[tuple[str, int, list[int]]]
+    # Full parameter bytes per layer.
+    layer_bytes: list[int]
+    # Which layers' params require grad at backward: per layer (weight, bias-or-None).
+    trainable: list[tuple[bool, bool | None]] = field(default_factory=list)
+
+
+def apply_freeze(layers: list[nn.Module], weight_frozen: tuple[bool, ...], bias_frozen: tuple[bool, ...] | None) -> None:
+    for i, layer in enumerate(layers):
+        layer.weight.requires_grad_(not weight_frozen[i])
+        if bias_frozen is not None and layer.bias is not None:
+            layer.bias.requires_grad_(not bias_frozen[i])
+
+
+def unfreeze(layers: list[nn.Module]) -> None:
+    for layer in layers:
+        for p in layer.parameters(recurse=False):
+            p.requires_grad_(True)
+
+
+def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
+    """Build, freeze before or after wrapping as the spec says, wrap."""
+    model = build_model(spec)
+    if spec.freeze_timing in ("before", "unfreeze_after"):
+        apply_freeze(list(model), spec.weight_frozen, spec.bias_frozen)
+    wrapped = wrap_fn(model, spec)
+    if spec.freeze_timing == "after":
+        apply_freeze(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
+    elif spec.freeze_timing == "unfreeze_after":
+        unfreeze(wrapped.layers)
+    return wrapped
+
+
+def shard(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    size = t.shape[0] // world_size
+    return t.detach()[rank * size:(rank + 1) * size].clone()
+
+
+def gather_batch(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Concatenate every rank's shard along the batch dim (all ranks pass a tensor or all pass None)."""
+    if t is None:
+        return None
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
+def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
+    """The pool's per-case callable: run `case` on this rank."""
+    spec = case.spec
+    if spec.replays != 1:
+        raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
+    torch.manual_seed(spec.seed)
+    wrapped = prepare(spec, case.wrap or wrap)
+    inputs = make_inputs(spec)
+    x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)
+    cotangent = shard(inputs.grad_output, rank, world_size) * wrapped.grad_divisor
+    counter = CollectiveCounter()
+    timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
+    observe = wrapped.gathered_bytes is not None
+    with counter.patched():
+        counter.phase = "forward"
+        boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
+        out = wrapped.module(x)
+        for handle in handles:
+            handle.remove()
+        if observe:
+            timeline.watch_boundaries(boundaries)
+            timeline.mark("backward_start", len(wrapped.layers))
+        counter.phase = "backward"
+        out.backward(cotangent)
+        if observe:
+            timeline.mark("backward_end", -1)
+    input_grad = None if x.grad is None else x.grad / wrapped.grad_divisor
+    return RankOutcome(
+        rank=rank,
+        grads=wrapped.full_grads(),
+        input_grad=gather_batch(input_grad),
+        collectives=counter.calls,
+        timeline=timeline.events,
+        layer_bytes=[sum(p.numel() * p.element_size() for p in layer.parameters(recurse=False))
+                     for layer in build_model(spec)],
+        trainable=trainable_at_backward(spec),
+    )
+
+
+def trainable_at_backward(spec: CaseSpec) -> list[tuple[bool, bool | None]]:
+    weight_frozen, bias_frozen = spec.frozen_after_prepare()
+    return [(not weight_frozen[i], None if bias_frozen is None else not bias_frozen[i])
+            for i in range(spec.n_layers)]
+
+
+def outcome_summary(outcome: RankOutcome) -> dict[str, Any]:
+    """JSON-able digest of an outcome (for torchrun report rows and debugging)."""
+    return {"rank": outcome.rank, "collectives": len(outcome.collectives), "timeline_events": len(outcome.timeline)}

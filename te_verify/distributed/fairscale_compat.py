@@ -1,0 +1,121 @@
+"""fairscale 0.4.13 FSDP on CPU/gloo: a compatibility layer applied only inside a rank process.
+
+fairscale 0.4.13 calls CUDA stream APIs unconditionally (`torch.cuda.stream(self._streams["all_gather"])`,
+`current_stream()`, `record_stream`), so on a CPU-only torch its first forward raises KeyError 'all_gather'.
+The layer gives fairscale's FSDP module a `torch` whose `cuda` streams are no-ops (CPU ops run in program
+order, so stream ordering has nothing to enforce), makes `Tensor.record_stream` a no-op, and sets
+ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo rejects the 2-D input fairscale passes to `_reduce_scatter_base`).
+It is version-guarded: any other fairscale version is refused rather than patched blindly. One FSDP unit
+per layer, because flatten_parameters needs uniform requires_grad per unit.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import types
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from te_verify.compat import record
+from te_verify.spec import CaseSpec
+
+SUPPORTED = "0.4.13"
+STEP = ("fairscale-cpu-streams: fairscale 0.4.13 FSDP uses CUDA streams unconditionally; inside distributed "
+        "ranks its torch.cuda stream calls and Tensor.record_stream are no-ops and "
+        "ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo)")
+
+
+class _NoStream:
+    """Stands in for a CUDA stream on CPU, where ops already run in program order."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _cuda_stand_in() -> types.SimpleNamespace:
+    stream = _NoStream()
+    return types.SimpleNamespace(
+        is_available=lambda: True, Stream=lambda *a, **k: stream, current_stream=lambda *a, **k: stream,
+        stream=lambda s=None: contextlib.nullcontext(), synchronize=lambda *a, **k: None,
+        memory_allocated=lambda *a, **k: 0, max_memory_allocated=lambda *a, **k: 0)
+
+
+class _TorchProxy(types.ModuleType):
+    """`torch` for fairscale's FSDP module only, with CPU stand-ins for the stream API."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.cuda = _cuda_stand_in()
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+def apply() -> types.ModuleType:
+    """Install the layer (once per process) and return fairscale's FSDP module."""
+    version = importlib.metadata.version("fairscale")
+    if version != SUPPORTED:
+        raise RuntimeError(f"fairscale {version}: te_verify's CPU compatibility layer is written for {SUPPORTED} only")
+    if torch.cuda.is_available():
+        return importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
+    os.environ["ENABLE_NCCL_BASE_COLLECTIVES"] = "0"  # read at fairscale import time
+    module = importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
+    if not isinstance(module.torch, _TorchProxy):
+        module.torch = _TorchProxy()
+        torch.Tensor.record_stream = lambda self, stream: None
+        record(STEP)
+    return module
+
+
+def _full_from_shards(p: torch.Tensor, shard_grad: torch.Tensor) -> torch.Tensor:
+    parts = [torch.empty_like(shard_grad) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, shard_grad.contiguous())
+    return torch.cat([t.reshape(-1) for t in parts])[: p._orig_size.numel()]
+
+
+def _unit_grads(index: int, unit, layer: nn.Module, out: dict) -> None:
+    """Full gradients of one per-layer unit, split back into the layer's weight and bias."""
+    names = [n for n, _ in layer.named_parameters(recurse=False)]
+    for p in unit.params:
+        infos = getattr(p, "_param_infos", None)
+        members = [n for _, _, n in infos] if infos else [n for n in names if getattr(layer, n) is p]
+        if p.grad is None:
+            out.update({f"{index}.{n}": None for n in members})
+            continue
+        full = _full_from_shards(p, p.grad.detach())
+        shapes = p._param_shapes if infos else [p._orig_size]
+        offset = 0
+        for n, shape in zip(members, shapes):
+            numel = torch.Size(shape).numel()
+            out[f"{index}.{n}"] = full[offset:offset + numel].view(shape).clone()
+            offset += numel
+
+
+def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
+    from te_verify.distributed.wrappers import Wrapped, WrapperError, storage_bytes
+
+    unknown = set(opts) - {"reshard_after_forward", "flatten_parameters"}
+    if unknown:
+        raise WrapperError(f"dist.options {sorted(unknown)}: fairscale FSDP takes reshard_after_forward, flatten_parameters")
+    FSDP = apply().FullyShardedDataParallel
+    kwargs = dict(opts, compute_device=torch.device("cpu") if not torch.cuda.is_available() else None)
+    layers = list(model)
+    units = [FSDP(layer, **kwargs) for layer in layers]
+    root = FSDP(nn.Sequential(*units), **kwargs)
+
+    def full_grads() -> dict:
+        out: dict = {}
+        for i, (unit, layer) in enumerate(zip(units, layers)):
+            _unit_grads(i, unit, layer, out)
+        return out
+
+    def gathered() -> list[int]:
+        return [sum(storage_bytes(getattr(p, "_full_param_padded", None)) for p in unit.params) for unit in units]
+
+    return Wrapped(root, layers, full_grads, gathered, dist.get_world_size(), keep=units)

@@ -1,0 +1,27 @@
+"""pytest fixtures of the distributed lane: one rank pool per process (per xdist worker).
+
+Load with `pytest_plugins = ["te_verify.distributed.fixtures"]`. `--world-size N` sets the pool's size.
+"""
+from __future__ import annotations
+
+import pytest
+
+from te_verify.distributed.pool import RankPool
+
+DEFAULT_CASE_TIMEOUT_S = 60.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("te_verify distributed")
+    group.addoption("--world-size", type=int, default=2, help="ranks in the distributed lane's pool (default 2)")
+    group.addoption("--dist-timeout", type=float, default=DEFAULT_CASE_TIMEOUT_S,
+                    help="seconds a distributed case may take before its ranks count as hung")
+
+
+@pytest.fixture(scope="session")
+def rank_pool(request: pytest.FixtureRequest):
+    """The persistent pool; started on first use, rebuilt by the pool itself after a hang or crash."""
+    pool = RankPool(world_size=request.config.getoption("--world-size"),
+                    case_timeout_s=request.config.getoption("--dist-timeout"))
+    yield pool
+    pool.close(graceful=True)

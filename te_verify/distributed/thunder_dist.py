@@ -1,0 +1,54 @@
+"""thunder's own data parallelism on a jitted module: thunder.distributed.ddp / fsdp (thunder 0.2.6 API).
+
+The documented order is `ddp(thunder.jit(model))` / `fsdp(thunder.jit(model))`; fsdp reads LOCAL_RANK (the
+pool and torchrun set it). thunder is imported only through te_verify.compat.thunder_named_tensors.
+Gradients are read from the very parameters thunder trains (the jitted module's); fsdp shards dim 0 of each
+parameter, so its gradients are gathered and trimmed to the original shape.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from te_verify.compat.thunder_named_tensors import import_thunder
+from te_verify.spec import CaseSpec
+
+
+def _gather_dim0(shard: torch.Tensor, rows: int) -> torch.Tensor:
+    parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, shard.contiguous())
+    return torch.cat(parts)[:rows]
+
+
+def wrap_thunder_dist(model: nn.Sequential, spec: CaseSpec, opts: dict):
+    from te_verify.distributed.wrappers import Wrapped, WrapperError
+
+    thunder = import_thunder()
+    import thunder.distributed as tdist
+
+    layers = list(model)
+    shapes = {f"{i}.{n}": p.shape for i, layer in enumerate(layers) for n, p in layer.named_parameters(recurse=False)}
+    jitted = thunder.jit(model)
+    if spec.dist.wrapper == "thunder_ddp":
+        unknown = set(opts) - {"bucket_size_in_mb"}
+        wrapped = tdist.ddp(jitted, **opts)
+    else:
+        unknown = set(opts) - {"sharding_strategy"}
+        strategy = tdist.FSDPType[opts.get("sharding_strategy", "ZERO3")]
+        wrapped = tdist.fsdp(jitted, device=torch.device("cpu"), sharding_strategy=strategy)
+    if unknown:
+        raise WrapperError(f"dist.options {sorted(unknown)}: not {spec.dist.wrapper} options")
+    sharded = spec.dist.wrapper == "thunder_fsdp"
+
+    def full_grads() -> dict:
+        out = {}
+        for name, p in wrapped.named_parameters():
+            key = name.removeprefix("_model.")
+            grad = p.grad
+            if grad is not None and sharded:
+                grad = _gather_dim0(grad.detach(), shapes[key][0])
+            out[key] = None if grad is None else grad.detach().clone()
+        return out
+
+    return Wrapped(wrapped, layers, full_grads, None, dist.get_world_size(), keep=[jitted])

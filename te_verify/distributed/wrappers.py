@@ -1,0 +1,159 @@
+"""Wrap a model per spec.dist: DDP, FSDP1, FSDP2, fairscale FSDP, thunder ddp/fsdp. Runs inside a rank.
+
+Every wrapper yields a `Wrapped`: the callable, the inner nn.Linear layers (hooks and freezing act on them),
+how to read full gradients after backward (gathered for sharded wrappers), and how many bytes of gathered
+(unsharded) parameter storage each layer holds right now -- the observation the reshard-timing check uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from te_verify.spec import CaseSpec
+
+
+class WrapperError(ValueError):
+    """An unknown wrapper or option; the message names it."""
+
+
+@dataclass
+class Wrapped:
+    """A wrapped model and how to observe it."""
+
+    # The callable under test: x -> output.
+    module: Callable[[torch.Tensor], torch.Tensor]
+    # The inner nn.Linear layers in model order (the very modules the wrapper runs).
+    layers: list[nn.Module]
+    # Full (unsharded) gradients by "<layer>.<weight|bias>"; may run collectives, so call after counting stops.
+    full_grads: Callable[[], dict[str, torch.Tensor | None]]
+    # Bytes of gathered parameter storage per layer now; None when the wrapper cannot be observed.
+    gathered_bytes: Callable[[], list[int]] | None = None
+    # Factor by which the wrapper divides the summed gradients (it averages over ranks).
+    grad_divisor: float = 1.0
+    # Anything the rank must keep alive for the case (meshes, process groups).
+    keep: list = field(default_factory=list)
+
+
+def options(spec: CaseSpec) -> dict:
+    return dict(spec.dist.options)
+
+
+def param_grads(layers: list[nn.Module]) -> dict[str, torch.Tensor | None]:
+    """Gradients of plain (unsharded) parameters by "<layer>.<name>"."""
+    out = {}
+    for i, layer in enumerate(layers):
+        for name, p in layer.named_parameters(recurse=False):
+            out[f"{i}.{name}"] = None if p.grad is None else p.grad.detach().clone()
+    return out
+
+
+def storage_bytes(t: torch.Tensor | None) -> int:
+    if t is None:
+        return 0
+    return t.untyped_storage().nbytes()
+
+
+def wrap_ddp(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    opts = options(spec)
+    unknown = set(opts) - {"find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb"}
+    if unknown:
+        raise WrapperError(f"dist.options {sorted(unknown)}: not DDP options")
+    ddp = DDP(model, **opts)
+    ddp.register_comm_hook(None, averaging_allreduce_hook)
+    layers = list(model)
+    return Wrapped(ddp, layers, lambda: param_grads(layers), lambda: [0] * len(layers), dist.get_world_size())
+
+
+def averaging_allreduce_hook(state, bucket):
+    """DDP's default all-reduce written in Python, so the collective counter sees each bucket's bytes."""
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    opts = options(spec)
+    strategy = opts.pop("sharding", "FULL_SHARD")
+    if opts or strategy not in ShardingStrategy.__members__:
+        raise WrapperError(f"dist.options {spec.dist.options!r}: FSDP1 takes sharding=FULL_SHARD|SHARD_GRAD_OP|NO_SHARD")
+    layers = list(model)
+    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"),
+                use_orig_params=True, sharding_strategy=ShardingStrategy[strategy])
+    units = [m for m in fsdp.modules() if isinstance(m, FSDP) and m is not fsdp]
+
+    def full_grads() -> dict:
+        with FSDP.summon_full_params(fsdp, with_grads=True):
+            return param_grads(layers)
+
+    def gathered() -> list[int]:
+        return [storage_bytes(getattr(u._handle.flat_param, "_full_param_padded", None)) if u._handle else 0
+                for u in units]
+
+    return Wrapped(fsdp, layers, full_grads, gathered, dist.get_world_size())
+
+
+def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    opts = options(spec)
+    reshard = opts.pop("reshard_after_forward", True)
+    if opts:
+        raise WrapperError(f"dist.options {sorted(opts)}: FSDP2 takes reshard_after_forward only")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # a CPU mesh: gloo on a GPU host segfaults (#132471)
+    layers = list(model)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+
+    def full_grads() -> dict:
+        out = {}
+        for i, layer in enumerate(layers):
+            for name, p in layer.named_parameters(recurse=False):
+                out[f"{i}.{name}"] = None if p.grad is None else p.grad.full_tensor().detach().clone()
+        return out
+
+    def gathered() -> list[int]:
+        sizes = []
+        for layer in layers:
+            group = layer._get_fsdp_state()._fsdp_param_group
+            sizes.append(sum(storage_bytes(t) for fp in group.fsdp_params for t in fp.all_gather_outputs))
+        return sizes
+
+    return Wrapped(model, layers, full_grads, gathered, dist.get_world_size(), keep=[mesh])
+
+
+def wrap_fairscale(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from te_verify.distributed.fairscale_compat import wrap_fairscale_fsdp
+
+    return wrap_fairscale_fsdp(model, spec, options(spec))
+
+
+def wrap_thunder(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from te_verify.distributed.thunder_dist import wrap_thunder_dist
+
+    return wrap_thunder_dist(model, spec, options(spec))
+
+
+WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
+    "ddp": wrap_ddp,
+    "fsdp": wrap_fsdp1,
+    "fsdp2": wrap_fsdp2,
+    "fairscale_fsdp": wrap_fairscale,
+    "thunder_ddp": wrap_thunder,
+    "thunder_fsdp": wrap_thunder,
+}
+
+
+def wrap(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    if spec.dist is None or spec.dist.wrapper not in WRAPPERS:
+        raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted(WRAPPERS)}")
+    return WRAPPERS[spec.dist.wrapper](model, spec)

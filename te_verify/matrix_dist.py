@@ -1,0 +1,120 @@
+"""Case generators for the distributed lane, one family per wrapper, by tier.
+
+Shapes and freeze patterns come from the single-process lane (te_verify.matrix). Filtered out, with reasons:
+all-frozen models (DDP refuses to wrap a model with no trainable parameter; nothing to communicate for the
+others), replays > 1 (one backward per case: DDP and FSDP reject a second backward over one graph by
+design), and for fairscale with flatten_parameters a layer whose weight and bias differ in requires_grad
+(fairscale asserts uniform requires_grad per flattened unit), and bf16 (a sharded bf16 reduction rounds
+per shard, so it cannot meet the single-process bf16 tolerance against one global matmul; needs its own
+reference, not looser numbers).
+"""
+from __future__ import annotations
+
+from te_verify.matrix import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, named_masks
+from te_verify.spec import CaseSpec, DistConfig
+
+WORLD_SIZE = 2
+MIDDLE = (False, True, False, False)  # a frozen middle layer: the reshard-timing case of seed 004
+
+
+def _masks(tier: str) -> dict[str, tuple[bool, ...]]:
+    masks = {k: v for k, v in named_masks(4).items() if k != "all"}
+    masks["middle"] = MIDDLE
+    return masks if tier != "smoke" else {"middle": MIDDLE}
+
+
+def _spec(family: str, wrapper: str, mask, x_grad: bool = False, options: tuple = (), widths=SQUARE4,
+          bias=None, batch=(8,), dtype="fp32", timing="before") -> CaseSpec:
+    bias_mask = mask if bias is None else bias
+    return CaseSpec(family, widths, mask, bias_mask, x_grad, batch, dtype, 1, timing,
+                    dist=DistConfig(wrapper, WORLD_SIZE, tuple(sorted(options))))
+
+
+def _dedupe(specs: list[CaseSpec]) -> list[CaseSpec]:
+    return list({s.id: s for s in specs}.values())
+
+
+def _pattern_grid(family: str, wrapper: str, tier: str, options: tuple = ()) -> list[CaseSpec]:
+    x_grads = (False, True) if tier != "smoke" else (False,)
+    return [_spec(family, wrapper, m, x, options) for m in _masks(tier).values() for x in x_grads]
+
+
+def _timing(family: str, wrapper: str, options: tuple = ()) -> list[CaseSpec]:
+    """Freeze after wrapping, and unfreeze after wrapping (a PEFT schedule step)."""
+    alt = named_masks(4)["alternating"]
+    return [_spec(family, wrapper, alt, False, options, NON_SQUARE4, timing=t) for t in ("after", "unfreeze_after")]
+
+
+def ddp_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    specs = _pattern_grid("dist_ddp", "ddp", tier)
+    if tier == "smoke":
+        return specs
+    alt = named_masks(4)["alternating"]
+    for opt in (("find_unused_parameters", True), ("static_graph", True), ("gradient_as_bucket_view", True),
+                ("bucket_cap_mb", 0.001)):
+        specs.append(_spec("dist_ddp", "ddp", alt, True, (opt,)))
+    specs.append(_spec("dist_ddp", "ddp", alt, True, widths=NON_SQUARE4, bias=tuple(not b for b in alt), batch=(4, 6)))
+    specs += _timing("dist_ddp", "ddp", (("find_unused_parameters", True),))
+    return _dedupe(specs)
+
+
+def fsdp_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    specs = []
+    for sharding in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD") if tier != "smoke" else ("FULL_SHARD",):
+        opts = (("sharding", sharding),)
+        masks = _masks(tier) if sharding != "NO_SHARD" else {"middle": MIDDLE, "prefix": named_masks(4)["prefix"]}
+        specs += [_spec("dist_fsdp", "fsdp", m, x, opts) for m in masks.values() for x in (False, True)]
+    if tier != "smoke":
+        specs += _timing("dist_fsdp", "fsdp")
+    return _dedupe(specs)
+
+
+def fsdp2_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    specs = []
+    for reshard in (True, False) if tier != "smoke" else (True,):
+        specs += _pattern_grid("dist_fsdp2", "fsdp2", tier, (("reshard_after_forward", reshard),))
+    if tier != "smoke":
+        alt = named_masks(3)["alternating"]
+        specs.append(_spec("dist_fsdp2", "fsdp2", alt, True, widths=ODD_WIDTHS[1], batch=(4, 6)))
+        specs += _timing("dist_fsdp2", "fsdp2")
+    return _dedupe(specs)
+
+
+def fairscale_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    specs = []
+    grid = [(r, f) for r in (True, False) for f in (True, False)] if tier != "smoke" else [(True, True)]
+    masks = [MIDDLE, named_masks(4)["alternating"]] if tier != "smoke" else [MIDDLE]
+    for reshard, flatten in grid:
+        opts = (("flatten_parameters", flatten), ("reshard_after_forward", reshard))
+        specs += [_spec("dist_fairscale", "fairscale_fsdp", m, True, opts) for m in masks]
+    return _dedupe(specs)
+
+
+def thunder_ddp_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    masks = [MIDDLE, named_masks(4)["none"]] if tier != "smoke" else [MIDDLE]
+    return _dedupe([_spec("dist_thunder", "thunder_ddp", m, True) for m in masks])
+
+
+def thunder_fsdp_specs(tier: str) -> list[CaseSpec]:
+    check_tier(tier)
+    masks = [MIDDLE, named_masks(4)["none"]] if tier != "smoke" else [MIDDLE]
+    return _dedupe([_spec("dist_thunder", "thunder_fsdp", m, True) for m in masks])
+
+
+FAMILIES = {
+    "dist_ddp": ddp_specs,
+    "dist_fsdp": fsdp_specs,
+    "dist_fsdp2": fsdp2_specs,
+    "dist_fairscale": fairscale_specs,
+    "dist_thunder_ddp": thunder_ddp_specs,
+    "dist_thunder_fsdp": thunder_fsdp_specs,
+}
+
+
+def all_specs(tier: str) -> list[CaseSpec]:
+    return [spec for family in FAMILIES.values() for spec in family(tier)]
