@@ -1,0 +1,26 @@
+"""te_verify.reference: a pure-PyTorch model of TE's semantics serving the TE API subset the cases use.
+
+FP8 is emulated per tensor (quantize with torch's float8 dtypes, GEMM in fp32 on dequantized operands);
+the work done is exactly what the intended contract requires, and every GEMM is logged (gemm_log.py).
+"""
+from __future__ import annotations
+
+from te_verify.reference.autocast import autocast, fp8_autocast, get_fp8_recipe, is_fp8_enabled
+from te_verify.reference.grouped import GroupedLinear
+from te_verify.reference.grouped_mlp import GroupedMLP
+from te_verify.reference.linear import Linear
+from te_verify.reference.recipe import DelayedScaling, Float8CurrentScaling, Format
+from te_verify.reference.wgrad import get_dummy_wgrad
+
+# The runtime keeps saved state for a second backward (retain_graph) unless a variant frees it.
+FREE_SAVED_AFTER_BACKWARD = False
+
+
+def is_fp8_available(return_reason: bool = False):
+    """FP8 is always available on the reference (emulated on CPU)."""
+    return (True, "") if return_reason else True
+
+
+__all__ = ["Linear", "GroupedLinear", "GroupedMLP", "autocast", "fp8_autocast", "DelayedScaling",
+           "Float8CurrentScaling", "Format", "is_fp8_available", "is_fp8_enabled", "get_fp8_recipe",
+           "get_dummy_wgrad", "FREE_SAVED_AFTER_BACKWARD"]
