@@ -11,7 +11,9 @@ from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict, failed_messages
+from te_verify.checks.waste import waste_verdicts
 from te_verify.models import build_model, make_inputs
+from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
 from te_verify.record import Record
 from te_verify.runner import prepare_frozen, run_case, run_prepared
@@ -57,11 +59,12 @@ class CaseRun:
         ]
 
     def verify(self) -> list[Verdict]:
-        """Eager reference vs the backend under test: replay semantics, None-ness, gradient parity."""
+        """Eager reference vs the backend under test: replay semantics, None-ness, gradient parity, and the
+        waste checks (FLOPs and GEMMs by role, saved-for-backward bytes, peak) against the oracle."""
         ref = run_case(self.spec, EagerBackend())
-        got = self.run()
+        got = self.run(probes=default_probes(self.backend_name))
         self.figures.update(got.figures)
-        return self.require(self.standard_verdicts(ref, got))
+        return self.require(self.standard_verdicts(ref, got) + waste_verdicts(self.spec, got, self.backend_name))
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Record the verdicts' figures; raise AssertionError with every failure message."""

@@ -25,7 +25,7 @@ from te_verify.report.summary import render_summary
 ROW_KEY = "te_verify_row"
 
 
-LANE_PLUGINS = ("te_verify.distributed.fixtures",)  # per-lane fixtures and options
+LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options")  # per-lane fixtures and options
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

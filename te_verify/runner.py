@@ -40,6 +40,11 @@ def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int) -> None:
     inputs.x.grad = None
 
 
+def _set_phase(probes: list[Probe], name: str, index: int = 0) -> None:
+    for probe in probes:
+        probe.phase(name, index)
+
+
 def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
                  probes: Iterable[Probe] = ()) -> Record:
     """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
@@ -54,15 +59,15 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
         for probe in probes:
             stack.enter_context(probe)
         try:
-            for probe in probes:
-                probe.phase("forward")
+            _set_phase(probes, "forward")
             out = fn(inputs.x)
+            _set_phase(probes, "idle")  # the harness's own copies are not the run's work or memory
             record.output = out.detach().clone()
             for k in range(1, spec.replays + 1):
                 stage = k
-                for probe in probes:
-                    probe.phase("backward", k)
+                _set_phase(probes, "backward", k)
                 out.backward(inputs.grad_output, retain_graph=k < spec.replays)
+                _set_phase(probes, "idle")
                 record.grads.append(snapshot_grads(model, inputs.x))
         except Exception as exc:  # a raise is an observation the replay check compares with eager's
             record.error, record.error_pass = exc, stage

@@ -1,0 +1,86 @@
+"""Peak memory over the whole run (forward + every backward pass) and over backward passes alone.
+
+On GPU: the CUDA allocator's figures (`max_memory_allocated` after `reset_peak_memory_stats`), minus what was
+allocated when the probe was entered. On CPU: the shared Watcher's tracker of live storages allocated during
+the run (weakref finalizers on the storages; bytes are storage bytes, no allocator rounding). Memory that
+existed before the run (parameters, the input, the output cotangent) is not counted in either, so the figures
+are what the run itself added. `torch.distributed._tools.mem_tracker.MemTracker` is not used: in torch 2.13
+it raises on frozen parameters (unconditional `register_hook`, mem_tracker.py:603).
+
+`peak_backward_bytes` is the highest live total reached while any backward pass ran (saved activations still
+alive at its start included).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from te_verify.probes import dispatch
+from te_verify.probes.dispatch import Watcher
+
+
+def _on_cuda() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+class PeakMemoryProbe:
+    """Peak live bytes over the run and over backward passes."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.source = "cuda_allocator" if _on_cuda() else "cpu_storage_tracker"
+        self.peak_bytes = 0
+        self.peak_backward_bytes = 0
+        self._in_backward = False
+        self._baseline = 0
+        self._watcher: Watcher | None = None
+
+    def __enter__(self) -> "PeakMemoryProbe":
+        self.peak_bytes = self.peak_backward_bytes = 0
+        self._in_backward = False
+        if self.source == "cuda_allocator":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._baseline = torch.cuda.memory_allocated()
+        else:
+            self._watcher = dispatch.subscribe(self)
+        return self
+
+    def _window_peak(self) -> int:
+        if self.source == "cuda_allocator":
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self._baseline
+        return self._watcher.window_peak_bytes
+
+    def _reset_window(self) -> None:
+        if self.source == "cuda_allocator":
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._watcher.reset_window()
+
+    def _close_window(self) -> None:
+        peak = self._window_peak()
+        self.peak_bytes = max(self.peak_bytes, peak)
+        if self._in_backward:
+            self.peak_backward_bytes = max(self.peak_backward_bytes, peak)
+
+    def phase(self, name: str, index: int = 0) -> None:
+        dispatch.set_phase(name)
+        self._close_window()
+        self._reset_window()
+        self._in_backward = name == "backward"
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_window()
+        if self.source == "cpu_storage_tracker":
+            self.peak_bytes = max(self.peak_bytes, self._watcher.peak_bytes)
+            dispatch.unsubscribe(self)
+
+    def figures(self) -> dict[str, Any]:
+        return {"peak_bytes": self.peak_bytes, "peak_backward_bytes": self.peak_backward_bytes,
+                "peak_source": self.source}
+
+    def observations(self) -> dict[str, Any]:
+        return {}

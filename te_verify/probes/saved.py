@@ -1,0 +1,127 @@
+"""Saved-for-backward bytes and count, through torch.autograd.graph.saved_tensors_hooks.
+
+Counts new allocations only: a saved tensor counts when its storage was first produced by an op during the
+run (the shared Watcher's storage keys), so parameters, the model input and views of either never count,
+whatever view or dtype wrapper a backend saves them through. Saved tensors are deduplicated by storage and
+sized by their storage's bytes (what saving keeps alive).
+
+The hooks see what eager autograd saves and what custom autograd.Functions save with ctx.save_for_backward:
+thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked on torch 2.13 / thunder
+0.2.6), so their saves are visible. A backend whose saves bypass the hooks (e.g. a C++ extension keeping its
+own context) shows none; the waste check then reports the saved figures as "unknown", not as zero.
+
+Per layer: a saved storage that is a layer's forward input (same storage as the operand of its forward GEMM)
+is that layer's "input"; a new tensor of a weight's shape (or transpose) is a "weight_copy" of the layer with
+that shape (None if several layers share it); everything else is "other".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from te_verify.probes import dispatch
+from te_verify.probes.dispatch import LayerMap, Watcher, is_real
+
+
+@dataclass(frozen=True)
+class SavedItem:
+    """One tensor handed to autograd's pack hook."""
+
+    # Storage key from the Watcher (int serial for new storages, ("pre", ptr) for older ones).
+    key: Any
+    # True when the storage was allocated during the run (what the figures count).
+    new: bool
+    # Bytes of the whole storage (what keeping the tensor alive costs).
+    storage_bytes: int
+    # numel * element_size of the tensor as saved (the notes' raw measure).
+    tensor_bytes: int
+    # Shape and dtype as saved.
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class SavedAttribution:
+    """A deduplicated new saved storage with what it is for."""
+
+    # "input", "weight_copy" or "other".
+    kind: str
+    # Layer index, or None when it cannot be told.
+    layer: int | None
+    # Storage bytes.
+    nbytes: int
+    # Shape of (the first tensor saved from) the storage.
+    shape: tuple[int, ...]
+
+
+def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
+    layer = layers.layer_of_input(item.key)
+    if layer is not None:
+        return SavedAttribution("input", layer, item.storage_bytes, item.shape)
+    wanted = {item.shape, tuple(reversed(item.shape))}
+    if any(s in wanted for s in layers.weight_shapes):
+        layer = layers.unique_layer(layers.weight_shapes, item.shape, transposed_too=True)
+        return SavedAttribution("weight_copy", layer, item.storage_bytes, item.shape)
+    return SavedAttribution("other", None, item.storage_bytes, item.shape)
+
+
+class SavedTensorsProbe:
+    """Records every tensor autograd saves during the run."""
+
+    name = "saved"
+
+    def __init__(self) -> None:
+        self.items: list[SavedItem] = []
+        self._watcher: Watcher | None = None
+        self._hooks = None
+
+    def __enter__(self) -> "SavedTensorsProbe":
+        self.items = []
+        self._watcher = dispatch.subscribe(self)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(None, None, None)
+        dispatch.unsubscribe(self)
+
+    def phase(self, name: str, index: int = 0) -> None:
+        dispatch.set_phase(name)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if is_real(t):
+            self.items.append(SavedItem(self._watcher.key(t), self._watcher.is_new(t), t.untyped_storage().nbytes(),
+                                        t.numel() * t.element_size(), tuple(t.shape), str(t.dtype)))
+        return t
+
+    def new_storages(self) -> list[SavedAttribution]:
+        """Deduplicated new saved storages, attributed to layers."""
+        first_by_key: dict[Any, SavedItem] = {}
+        for item in self.items:
+            if item.new:
+                first_by_key.setdefault(item.key, item)
+        return [attribute_saved(item, self._watcher.layers) for item in first_by_key.values()]
+
+    def figures(self) -> dict[str, Any]:
+        kept = self.new_storages()
+        by_layer: dict[str, int] = {}
+        for a in kept:
+            label = f"{a.kind}@{a.layer}" if a.layer is not None else f"{a.kind}@?"
+            by_layer[label] = by_layer.get(label, 0) + a.nbytes
+        return {
+            "saved_bytes_actual": sum(a.nbytes for a in kept),
+            "saved_count_actual": len(kept),
+            "saved_bytes_raw": sum(i.tensor_bytes for i in self.items),
+            "saved_count_raw": len(self.items),
+            "saved_by_layer": by_layer,
+        }
+
+    def observations(self) -> dict[str, Any]:
+        return {"saved_items": list(self.items), "saved_storages": self.new_storages()}
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t

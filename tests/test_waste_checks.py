@@ -1,0 +1,70 @@
+"""The waste checks pass clean runs and catch every planted fault, naming the layer and role."""
+from __future__ import annotations
+
+import pytest
+
+from te_verify.backends.eager import EagerBackend
+from te_verify.checks.waste import waste_verdicts
+from te_verify.matrix import FAMILIES
+from te_verify.probes import default_probes
+from te_verify.runner import run_case
+from te_verify.spec import CaseSpec
+from waste_planted import PlantedBackend
+
+FIGURE_KEYS = {"flops_actual", "flops_required", "flops_ratio", "saved_bytes_actual", "saved_bytes_required",
+               "saved_bytes_ratio", "saved_count_actual", "saved_count_required", "peak_bytes", "peak_backward_bytes"}
+# Layer 1 frozen, its input needs grad (layer 0 trainable): its wgrad must not run. Distinct widths so that
+# every weight shape names one layer.
+MIDDLE_FROZEN = CaseSpec("waste", (16, 24, 40, 8), (False, True, False), None, False, (32,))
+
+
+def verdicts(spec: CaseSpec, backend) -> dict:
+    record = run_case(spec, backend, default_probes(backend.name))
+    assert record.error is None, record.error
+    return {v.check: v for v in waste_verdicts(spec, record, backend.name)}
+
+
+def failed(found: dict) -> set[str]:
+    return {name for name, v in found.items() if not v.ok}
+
+
+@pytest.mark.parametrize("spec", [s for family in FAMILIES.values() for s in family("smoke")], ids=lambda s: s.id)
+def test_eager_meets_every_required_figure_exactly(spec):
+    record = run_case(spec, EagerBackend(), default_probes("eager"))
+    found = waste_verdicts(spec, record, "eager")
+    assert [v.message for v in found if not v.ok] == []
+    figures = {k: v for verdict in found for k, v in verdict.figures.items()}
+    assert FIGURE_KEYS <= set(figures) or "waste_skipped" in figures
+    if "flops_ratio" in figures:
+        assert figures["flops_ratio"] == 1.0
+
+
+def test_the_planted_backend_without_faults_is_clean():
+    assert failed(verdicts(MIDDLE_FROZEN, PlantedBackend())) == set()
+
+
+def test_discarded_wgrad_for_a_frozen_weight_is_caught():
+    found = verdicts(MIDDLE_FROZEN, PlantedBackend("discarded_wgrad"))
+    assert "waste_flops" in failed(found)
+    assert "layer 1 (frozen weight): 1 wgrad GEMM, 0 required" in found["waste_flops"].message
+    assert found["waste_flops"].figures["flops_ratio"] > 1.0
+
+
+def test_an_extra_saved_activation_per_layer_is_caught():
+    found = verdicts(MIDDLE_FROZEN, PlantedBackend("extra_activation"))
+    assert "waste_saved" in failed(found)  # the copies also lift the peak over its bound
+    assert found["waste_saved"].figures["saved_bytes_ratio"] > 1.0
+    assert "saved other [32, 24]" in found["waste_saved"].message
+
+
+def test_a_weight_copy_for_a_layer_without_dgrad_is_caught():
+    found = verdicts(MIDDLE_FROZEN, PlantedBackend("weight_copy"))
+    assert failed(found) == {"waste_saved"}
+    assert "layer 0 (input needs no grad, dgrad not needed): saved weight_copy [24, 16] 384 B" \
+        in found["waste_saved"].message
+
+
+def test_a_large_backward_temporary_is_caught_by_the_peak_check():
+    found = verdicts(MIDDLE_FROZEN, PlantedBackend("big_temporary"))
+    assert failed(found) == {"waste_peak"}
+    assert found["waste_peak"].figures["peak_backward_bytes"] > found["waste_peak"].figures["peak_required"]
