@@ -1,4 +1,10 @@
-"""te-verify: run the cases and write the report (more subcommands: report diff/html, expectations update)."""
+"""te-verify: run the cases and write the report; diff two nights; re-render a report; update expectations.
+
+    te-verify run [--tier pr] [--backend NAME|pkg.mod:attr ...] [--report-dir DIR] [pytest args]
+    te-verify report diff OLD/results.json NEW/results.json
+    te-verify report html RESULTS.json [--out report.html]
+    te-verify expectations update REPORT_DIR_OR_RESULTS [--dir expectations]
+"""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +38,21 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return int(code)
 
 
+def expectations_update(args: argparse.Namespace) -> int:
+    """Rewrite expectations/*.toml from a run, like `wpt update-expectations`; reasons and links are kept."""
+    from te_verify.expectations import ExpectationsError, update_from_results
+
+    source = Path(args.report)
+    results = source / "results.json" if source.is_dir() else source
+    try:
+        summary = update_from_results(results, Path(args.dir))
+    except (ExpectationsError, OSError, ValueError) as exc:
+        print(f"te-verify expectations update: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summary.lines()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="te-verify", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,14 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--report-dir", default=None, help="default: reports/<timestamp>")
     run_p.add_argument("--te-impl", default=None, help="reference, transformer_engine or package.module")
     run_p.add_argument("--workers", default=str(os.cpu_count() or 1), help="pytest-xdist workers (-n)")
+    report_p = sub.add_parser("report", help="report tools: diff two results.json files, or re-render HTML")
+    report_p.add_argument("action", choices=("diff", "html"))
+    exp_p = sub.add_parser("expectations", help="expectations tools")
+    exp_p.add_argument("action", choices=("update",))
+    exp_p.add_argument("report", help="a report folder or its results.json")
+    exp_p.add_argument("--dir", default=str(ROOT / "expectations"), help="the expectations folder to rewrite")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["report", "diff"]:
+        from te_verify.report import diff
+
+        return diff.main(argv[2:])
+    if argv[:2] == ["report", "html"]:
+        from te_verify.report import html
+
+        return html.main(argv[2:])
     args, extra = build_parser().parse_known_args(argv)
     if args.command == "run":
         return run(args, extra)
-    raise SystemExit(f"te-verify: unknown command {args.command!r}")
+    if extra:
+        build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    return expectations_update(args)
 
 
 if __name__ == "__main__":

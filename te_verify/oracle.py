@@ -116,7 +116,7 @@ def required_peak(spec: CaseSpec) -> int:
 
     The required saved tensors, the output, the gradients of trainable parameters and of the input (they
     stay alive as .grad), two activations in flight (a layer's output/grad and the next one's) and, with
-    replays, one weight-sized temporary (a later pass's wgrad before it is accumulated). The runner's own
+    replays, one layer's weight+bias-sized temporary (a later pass's wgrad and bgrad before accumulation). The runner's own
     snapshots are taken in the probes' "idle" phase and are not counted. Not exact: allocators and schedules differ, so it bounds rather than predicts; a backend
     above it holds memory the case does not need.
     """
@@ -127,6 +127,9 @@ def required_peak(spec: CaseSpec) -> int:
     grads += sum(spec.widths[i + 1] for i in range(spec.n_layers) if biases[i])
     grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
     activation = rows * max(spec.widths)
-    weight_temp = max(spec.widths[i] * spec.widths[i + 1] for i in range(spec.n_layers)) if spec.replays > 1 else 0
+    # A layer's backward returns its wgrad and bgrad together, so one replay temporary is weight + bias sized.
+    bias = 1 if spec.has_bias else 0
+    weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
+                      for i in range(spec.n_layers)) if spec.replays > 1 else 0
     output = rows * spec.widths[-1]
     return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp)

@@ -15,14 +15,20 @@ from pathlib import Path
 import pytest
 
 from te_verify import compat, environment
+from te_verify.expectations import (ExpectationsError, current_env, load_expectations, mark_for, match,
+                                    seen_in_rows, stale, stale_message, xpass_message)
 from te_verify.backends.registry import BackendError, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
 from te_verify.matrix import TierError, check_tier
+from te_verify.report.html import render_html
+from te_verify.report.repro import repro_hint, write_repros
 from te_verify.report.results import write_results
 from te_verify.report.summary import render_summary
 
 ROW_KEY = "te_verify_row"
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTATION = pytest.StashKey[object]()
 
 
 LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options")  # per-lane fixtures and options
@@ -38,6 +44,8 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--report-dir", default=None, help="write results.json, summary.md and report.html here")
     group.addoption("--max-examples", type=int, default=25, help="hypothesis examples per generated test")
     group.addoption("--te-impl", default=None, help="TE implementation: reference, transformer_engine or package.module")
+    group.addoption("--expectations", default=str(ROOT / "expectations"),
+                    help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
 
 
 class Session:
@@ -53,6 +61,8 @@ class Session:
         names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
         self.backends = {name: resolve_backend(name) for name in names}
         self.te_impl = _activate_te_impl(config.getoption("te_impl"))
+        self.expectations = load_expectations(Path(config.getoption("expectations")))
+        self.env = current_env()
 
     def lane_backends(self, lane: str) -> list[tuple[str, object]]:
         return [(b.name, b) for n, b in self.backends.items() if lane_of(n, b) == lane]
@@ -91,7 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         check_tier(config.getoption("tier"))
         config.stash[SESSION] = Session(config)
-    except (TierError, BackendError, ValueError) as exc:
+    except (TierError, BackendError, ExpectationsError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -134,6 +144,19 @@ def case(request: pytest.FixtureRequest) -> CaseRun:
         if not ok:
             pytest.skip(f"backend {run.backend_name} unavailable: {reason}")
     return run
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Known gaps become strict xfails (or skips) here, before anything runs."""
+    session = config.stash[SESSION]
+    for item in items:
+        run = _case_of(item)
+        if run is None:
+            continue
+        entry = match(session.expectations, run.backend_name, run.spec.id, item.nodeid, session.env)
+        if entry is not None:
+            item.add_marker(mark_for(entry))
+            item.stash[EXPECTATION] = entry
 
 
 def _case_of(item: pytest.Item) -> CaseRun | None:
@@ -181,7 +204,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "expectation": None,
         "compat": list(compat.APPLIED),
     }
+    entry = item.stash.get(EXPECTATION, None)
+    if entry is not None:
+        row["expectation"] = entry.to_row()
+        if report.failed and "XPASS(strict)" in str(report.longrepr):
+            report.longrepr = xpass_message(entry)
+            row["outcome"], row["reason"] = "xpassed", xpass_message(entry)
+    if report.failed and row["outcome"] != "xpassed":
+        _add_repro_hint(item.config, report, row)
     report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
+
+
+def _add_repro_hint(config: pytest.Config, report: pytest.TestReport, row: dict) -> None:
+    session, report_dir = config.stash[SESSION], config.getoption("report_dir")
+    paths = {b.name: n for n, b in session.backends.items()}
+    hint = repro_hint(row, session.tier, Path(report_dir or "reports/<run>"), paths.get(row["backend"]))
+    report.sections.append(("te_verify repro", hint))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -212,9 +250,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     report_dir = session.config.getoption("report_dir")
     if not report_dir:
         return
-    write_report(Path(report_dir), {"schema_version": 1, "header": state.header(), "rows": state.rows})
+    results = {"schema_version": 1, "header": state.header(), "rows": state.rows}
+    write_report(Path(report_dir), results, {b.name: n for n, b in state.backends.items()})
 
 
-def write_report(report_dir: Path, results: dict) -> None:
+def write_report(report_dir: Path, results: dict, backend_paths: dict[str, str]) -> None:
+    """results.json, summary.md, report.html and one repro script per failed case."""
     write_results(report_dir / "results.json", results["header"], results["rows"])
     (report_dir / "summary.md").write_text(render_summary(results))
+    render_html(results, report_dir / "report.html")
+    write_repros(results, report_dir, backend_paths=backend_paths)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Warn about expectation entries that matched no case of this run (stale: remove or fix them)."""
+    if hasattr(config, "workerinput") or not _CONTROLLER:
+        return
+    state = _CONTROLLER[0]
+    ran = {r["backend"] for r in state.rows}
+    for entry in stale(state.expectations, seen_in_rows(state.expectations, state.rows), env=state.env, backends=ran):
+        terminalreporter.write_line(f"te_verify WARNING: {stale_message(entry)}", yellow=True)

@@ -6,11 +6,12 @@ the required figure by the backend's slack below; a rise beyond it fails and nam
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
 from te_verify.checks.verdict import Verdict
-from te_verify.oracle import (backward_gemms, graph_exists, input_needs_grad, required_flops, required_peak,
+from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, graph_exists, input_needs_grad, required_flops, required_peak,
                               required_saved, trainable_masks)
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -25,14 +26,30 @@ SAVED_SLACK: dict[str, float] = {
 # Allowed peak_bytes / required peak bound per backend (the bound already covers the minimal schedule).
 PEAK_SLACK: dict[str, float] = {
     "eager": 1.0,  # the bound is built from eager's schedule
-    # A compiled backward is one autograd node that returns every gradient at once: on replays >= 2 all the
-    # wgrad temporaries awaiting accumulation into .grad are alive together, where eager holds one at a time.
-    # Measured on 32-64-128-64-32, alternating mask, x_grad: +7,808 B (r2) and +8,320 B (r3) over eager,
-    # 1.023x the bound; identical for thunder 0.2.6 and aot_eager, so structural, not a leak.
-    "thunder": 1.1,
-    "torch_compile": 1.1,
+    "thunder": 1.0,  # within the bound plus the one-node-backward allowance below
+    "torch_compile": 1.0,  # within the bound plus the one-node-backward allowance below
     "torch_compile_inductor": 1.0,  # not measured on CPU in pr (16 s compiles); exact until measured
 }
+
+
+# Backends whose backward is one autograd node returning every gradient at once. On replays >= 2 each gradient
+# is a temporary until autograd accumulates it into .grad, so all of them are alive together where eager holds
+# one weight-sized temporary at a time. Measured: identical surplus for thunder 0.2.6 and aot_eager (e.g.
+# +8,320 B on 32-64-128-64-32, alternating, x_grad, r3), structural rather than a leak.
+ONE_NODE_BACKWARD = frozenset({"thunder", "torch_compile", "torch_compile_inductor"})
+
+
+def one_node_backward_allowance(spec: CaseSpec, backend: str) -> int:
+    """Bytes a one-node backward may hold beyond the bound: every gradient temporary but the one it allows."""
+    if backend not in ONE_NODE_BACKWARD or spec.replays < 2:
+        return 0
+    size = BYTES_PER_ELEMENT[spec.dtype]
+    weights, biases = trainable_masks(spec)
+    layer_sizes = [spec.widths[i] * spec.widths[i + 1] for i in range(spec.n_layers)]
+    grads = sum(n for n, trainable in zip(layer_sizes, weights) if trainable)
+    grads += sum(spec.widths[i + 1] for i in range(spec.n_layers) if biases[i])
+    grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
+    return size * max(grads - max(layer_sizes), 0)
 
 
 def _ratio(actual: float, required: float) -> float | None:
@@ -116,13 +133,14 @@ def _saved_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
 
 def _peak_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
     peak, bound = record.figures.get("peak_bytes", 0), required_peak(spec)
+    allowance = one_node_backward_allowance(spec, backend)
     figures = {"peak_bytes": peak, "peak_backward_bytes": record.figures.get("peak_backward_bytes", 0),
-               "peak_required": bound, "peak_ratio": _ratio(peak, bound)}
+               "peak_required": bound, "peak_ratio": _ratio(peak, bound), "peak_allowance": allowance}
     slack = PEAK_SLACK.get(backend, 1.0)
-    ok = peak <= bound * slack
+    ok = peak <= bound * slack + allowance
     message = "" if ok else (f"{spec.id} [{backend}]: peak memory {peak:,} B (backward "
-                             f"{figures['peak_backward_bytes']:,} B) vs bound {bound:,} B (ratio "
-                             f"{figures['peak_ratio']}, slack {slack})")
+                             f"{figures['peak_backward_bytes']:,} B) vs bound {bound:,} B + one-node-backward "
+                             f"allowance {allowance:,} B (ratio {figures['peak_ratio']}, slack {slack})")
     return Verdict("waste_peak", ok, message, figures)
 
 
