@@ -4,6 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.te_verify_stamp
 want=$(cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+# Headless Chromium for the report's browser test (Debian package); the test skips with a reason without it.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "bootstrap: chromium not installed; the browser test will skip" >&2
+fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch first, alone and pinned: an unpinned resolve would pull the multi-GB CUDA build.

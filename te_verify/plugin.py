@@ -58,9 +58,9 @@ class Session:
         self.compat: set[str] = set()
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        self.te_impl = _activate_te_impl(config.getoption("te_impl"))  # before the TE backends are built
         names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
         self.backends = {name: resolve_backend(name) for name in names}
-        self.te_impl = _activate_te_impl(config.getoption("te_impl"))
         self.expectations = load_expectations(Path(config.getoption("expectations")))
         self.env = current_env()
 

@@ -1,0 +1,91 @@
+"""Case generators for the TE lane, by family and tier (smoke / pr / nightly).
+
+FP8 GEMMs need the last dim divisible by 16 and the rows by 8, so FP8 stacks use widths 16/32/64/128;
+`fp8_specs` adds one error-input case (width 24) where TE raises. Freeze patterns follow the torch lane:
+all 16 masks of 4 layers, alternating, prefix/suffix, and the non-square 32->64->128->64->32 stack.
+"""
+from __future__ import annotations
+
+from te_verify.matrix import _dedupe, all_masks, check_tier, named_masks
+from te_verify.spec import CaseSpec, TEConfig
+
+NON_SQUARE4 = (32, 64, 128, 64, 32)
+SQUARE4 = (32, 32, 32, 32, 32)
+NARROW4 = (16, 32, 64, 32, 16)
+FP8_ERROR_WIDTHS = (32, 24, 32)  # 24 is not a multiple of 16: TE refuses the FP8 GEMM
+RECIPES = ("delayed", "current")
+CONFIGS = ((False, False, False), (True, False, False), (False, True, False), (False, True, True),
+           (True, True, False), (True, True, True))  # (delay_wgrad, main_grad, grad_added_to_main_grad)
+
+
+def _patterns(tier: str) -> tuple[str, ...]:
+    return ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none")
+
+
+def fp8_specs(tier: str) -> list[CaseSpec]:
+    """FP8 parity: stacks x freeze patterns x recipes, input with grad; plus the error-input case."""
+    check_tier(tier)
+    stacks = (NON_SQUARE4,) if tier == "smoke" else (NON_SQUARE4, SQUARE4, NARROW4)
+    specs = [CaseSpec("te_fp8", w, named_masks(4)[p], named_masks(4)[p], True, (16,), te=TEConfig(recipe=r))
+             for w in stacks for p in _patterns(tier) for r in RECIPES]
+    if tier == "nightly":
+        specs += [CaseSpec("te_fp8", NON_SQUARE4, m, m, x, (2, 8), te=TEConfig(recipe=r), seed=s)
+                  for m in all_masks(4) for x in (False, True) for r in RECIPES for s in (0, 1)]
+    specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
+    return _dedupe(specs)
+
+
+def peft_specs(tier: str) -> list[CaseSpec]:
+    """PEFT (seed 000): every freeze mask of the non-square stack, input with and without grad, FP8 delayed."""
+    check_tier(tier)
+    masks = list(named_masks(4).values()) if tier == "smoke" else all_masks(4)
+    xs = (False,) if tier == "smoke" else (False, True)
+    specs = [CaseSpec("te_peft", NON_SQUARE4, m, m, x, (16,), te=TEConfig(recipe="delayed")) for m in masks for x in xs]
+    if tier != "smoke":
+        specs += [CaseSpec("te_peft", SQUARE4, named_masks(4)[p], None, False, (16,), te=TEConfig(recipe="current"))
+                  for p in ("alternating", "prefix", "suffix")]
+        specs += [CaseSpec("te_peft", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (16,),
+                           freeze_timing=t, te=TEConfig(recipe="delayed"))
+                  for p in ("alternating", "prefix") for t in ("after", "unfreeze_after")]
+    return _dedupe(specs)
+
+
+def replay_specs(tier: str) -> list[CaseSpec]:
+    """Replays (seed 001): 2 and 3 backward passes with retain_graph=True, FP8 recipes and high precision."""
+    check_tier(tier)
+    replays = (2,) if tier == "smoke" else (2, 3)
+    recipes = ("delayed",) if tier == "smoke" else ("delayed", "current", None)
+    patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix")
+    return _dedupe([CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+                             replays=r, te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes])
+
+
+def contract_specs(tier: str) -> list[CaseSpec]:
+    """Contract (seed 002): module kind x config x 2/3 microbatches (high precision; te_eager)."""
+    check_tier(tier)
+    kinds = ("linear",) if tier == "smoke" else ("linear", "grouped_linear", "grouped_mlp")
+    mbs = (2,) if tier == "smoke" else (2, 3)
+    mask = (False, True, False, False)
+    return _dedupe([CaseSpec("te_contract", NARROW4, mask, mask, True, (16,),
+                             te=TEConfig(None, kind, mg, added, delay, mb))
+                    for kind in kinds for delay, mg, added in CONFIGS for mb in mbs])
+
+
+def delayed_specs(tier: str) -> list[CaseSpec]:
+    """Delayed wgrad: backward_dw() with frozen weights, accumulation over 1-3 calls, FP8 and high precision."""
+    check_tier(tier)
+    patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none", "all")
+    mbs = (2,) if tier == "smoke" else (1, 2, 3)
+    recipes = (None,) if tier == "smoke" else (None, "delayed")
+    specs = []
+    for p in patterns:
+        mask = named_masks(4)[p]
+        for mb in mbs:
+            for rec in recipes:
+                specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
+                                      te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
+    return _dedupe(specs)
+
+
+FAMILIES = {"te_fp8": fp8_specs, "te_peft": peft_specs, "te_replay": replay_specs,
+            "te_contract": contract_specs, "te_delayed": delayed_specs}

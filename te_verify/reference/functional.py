@@ -1,0 +1,117 @@
+"""The linear GEMMs of one layer, forward and backward, as plain functions (shared by the modules and
+the thunder executor). Work is exactly what the flags ask for; every GEMM and saved tensor is logged.
+
+Saved state travels as tensors: the input copy (None unless wgrad is needed), the weight copy (None unless
+dgrad is needed) and a 3-element fp32 `meta` = [fp8 flag, input scale_inv, weight scale_inv]. A layer
+that frees its state after backward empties `meta`'s storage; a second backward then raises as TE does.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from te_verify.reference.autocast import get_fp8_recipe, is_fp8_enabled, note_forward_scaler
+from te_verify.reference.fp8 import TensorScaler, assert_fp8_dims, dequantize
+from te_verify.reference.gemm_log import bias_grad, gemm, log_saved
+from te_verify.reference.recipe import Recipe
+
+
+class LayerState:
+    """FP8 scaling state and identity of one linear site (one module, one group, or one traced call)."""
+
+    def __init__(self, label: str, free_saved: bool = False) -> None:
+        self.label = label
+        self.free_saved = free_saved
+        self.recipe: Recipe | None = None
+        self.scalers: dict[str, TensorScaler] = {}
+
+    def scaler(self, slot: str, recipe: Recipe) -> TensorScaler:
+        if recipe is not self.recipe:
+            self.recipe, self.scalers = recipe, {}
+        if slot not in self.scalers:
+            fmt = recipe.fp8_format
+            self.scalers[slot] = TensorScaler(recipe, fmt.bwd_dtype if slot == "grad_output" else fmt.fwd_dtype)
+        return self.scalers[slot]
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                   need_wgrad: bool, need_dgrad: bool):
+    """out = x @ w.T + b; returns (out, saved_x | None, saved_w | None, meta)."""
+    fp8 = is_fp8_enabled()
+    x2d = _as_2d(x)
+    meta = torch.tensor([float(fp8), 1.0, 1.0])
+    if fp8:
+        assert_fp8_dims(x2d)
+        assert_fp8_dims(w)
+        recipe = get_fp8_recipe()
+        qx, qw = state.scaler("input", recipe).quantize(x2d), state.scaler("weight", recipe).quantize(w)
+        for slot in ("input", "weight"):
+            note_forward_scaler(state.scalers[slot])
+        x_op, w_op = qx.dequantize(), qw.dequantize()
+        meta[1], meta[2] = qx.scale_inv, qw.scale_inv
+        saved_x, saved_w = (qx.data if need_wgrad else None), (qw.data if need_dgrad else None)
+    else:
+        x_op, w_op = x2d, w
+        saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
+    out = gemm(state.label, "fprop", x_op, w_op.t(), fp8)
+    if b is not None:
+        out = out + b.float()
+    if saved_x is not None:
+        log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
+    if saved_w is not None:
+        log_saved(state.label, "weight", saved_w.numel() * saved_w.element_size() if fp8 else 0, fp8)
+    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0]), saved_x, saved_w, meta
+
+
+def check_alive(state: LayerState, meta: torch.Tensor) -> None:
+    """TE frees saved state in backward; a second backward finds it gone (TE issue 990)."""
+    if meta.untyped_storage().size() == 0:
+        raise AttributeError(f"layer {state.label}: ctx must have .tensor_objects to restore saved tensors; "
+                             "they were freed by the first backward (retain_graph is not supported)")
+
+
+def free(meta: torch.Tensor) -> None:
+    meta.untyped_storage().resize_(0)
+
+
+def _operand(saved: torch.Tensor, scale_inv: torch.Tensor, fp8: bool) -> torch.Tensor:
+    return dequantize(saved, scale_inv) if fp8 else saved
+
+
+def linear_backward(state: LayerState, grad_out: torch.Tensor, saved_x: torch.Tensor | None,
+                    saved_w: torch.Tensor | None, meta: torch.Tensor, need_dgrad: bool, need_wgrad: bool,
+                    need_bgrad: bool, defer_wgrad: bool = False):
+    """Returns (dgrad | None, wgrad | deferred wgrad thunk | None, bgrad | None), computing only what is asked."""
+    check_alive(state, meta)
+    fp8 = bool(meta[0])
+    g2d = _as_2d(grad_out)
+    if fp8:
+        scaler = state.scaler("grad_output", state.recipe)
+        g_op = scaler.quantize(g2d).dequantize()
+        scaler.update()
+    else:
+        g_op = g2d
+    dgrad = wgrad = bgrad = None
+    if need_dgrad:
+        w_op = _operand(saved_w, meta[2], fp8)
+        dgrad = gemm(state.label, "dgrad", g_op, w_op, fp8).to(grad_out.dtype)
+        dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
+    if need_wgrad:
+        x_op = _operand(saved_x, meta[1], fp8)
+        wgrad = wgrad_thunk(state.label, g_op, x_op, fp8)
+        wgrad = wgrad if defer_wgrad else wgrad()
+    if need_bgrad:
+        bgrad = bias_grad(state.label, g2d).to(grad_out.dtype)
+    if state.free_saved:
+        free(meta)
+    return dgrad, wgrad, bgrad
+
+
+def wgrad_thunk(label: str, g_op: torch.Tensor, x_op: torch.Tensor, fp8: bool) -> Callable[[], torch.Tensor]:
+    """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute)."""
+    return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8)

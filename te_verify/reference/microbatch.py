@@ -1,0 +1,101 @@
+"""Drive a TE-lane spec over `spec.te.microbatches` microbatches (forward, backward, backward_dw when
+delayed) on any backend, and observe what the weight-gradient contract is about: param.grad after each
+microbatch, main_grad at the end, grad_added_to_main_grad, and how often autograd accumulated into .grad.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from te_verify.models import build_model, make_inputs
+from te_verify.record import Record
+from te_verify.runner import prepare_frozen, snapshot_grads
+from te_verify.spec import CaseSpec
+
+
+@dataclass
+class WeightObservation:
+    """What happened to one trainable weight over the microbatches."""
+
+    # Classification of .grad after each microbatch: "none", "dummy" (all zero with the Megatron flag) or "wgrad".
+    grad_kinds: list[str] = field(default_factory=list)
+    # Number of times autograd's AccumulateGrad wrote into .grad.
+    accumulations: int = 0
+    # main_grad at the end (None without fuse_wgrad_accumulation).
+    main_grad: torch.Tensor | None = None
+    # grad_added_to_main_grad at the end (None when the attribute is absent).
+    grad_added: bool | None = None
+
+
+def classify(p: torch.nn.Parameter) -> str:
+    if p.grad is None:
+        return "none"
+    if getattr(p, "grad_added_to_main_grad", False) and not p.grad.any():
+        return "dummy"
+    return "wgrad"
+
+
+def _count_write(p: torch.nn.Parameter, obs: WeightObservation) -> None:
+    """AccumulateGrad also runs (and fires the hook) when backward returned None; count real writes only."""
+    if p.grad is not None:
+        obs.accumulations += 1
+
+
+def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
+    """Run the microbatches (seeds spec.seed + 1000*k for inputs); grads snapshot after each one."""
+    record = Record(backend=backend.name)
+    model = build_model(spec)
+    try:
+        fn = prepare_frozen(backend, model, spec)
+    except Exception as exc:
+        record.error, record.error_pass = exc, 0
+        return record
+    weights = {n: p for n, p in model.named_parameters() if n.endswith("weight") and p.requires_grad}
+    obs = {n: WeightObservation() for n in weights}
+    for n, p in weights.items():
+        p.register_post_accumulate_grad_hook(lambda q, o=obs[n]: _count_write(q, o))
+    for probe in probes:
+        probe.__enter__()
+    try:
+        for k in range(spec.te.microbatches):
+            inputs = make_inputs(spec.replace(seed=spec.seed + 1000 * k))
+            for probe in probes:
+                probe.phase("backward", k + 1)
+            fn(inputs.x).backward(inputs.grad_output)
+            if hasattr(fn, "backward_dw") and spec.te.delay_wgrad:
+                fn.backward_dw()
+            record.grads.append(snapshot_grads(model, inputs.x))
+            for n, p in weights.items():
+                obs[n].grad_kinds.append(classify(p))
+    except Exception as exc:
+        record.error, record.error_pass = exc, len(record.grads) + 1
+    for probe in probes:
+        probe.__exit__(None, None, None)
+        record.observations.update(probe.observations())
+    for n, p in weights.items():
+        obs[n].main_grad = p.main_grad.detach().clone() if hasattr(p, "main_grad") else None
+        obs[n].grad_added = getattr(p, "grad_added_to_main_grad", None)
+    record.observations["te_contract"] = obs
+    return record
+
+
+def run_mean_reduced(spec: CaseSpec, backend, probes=()) -> Record:
+    """run_case with the cotangent of a mean-reduced loss (grad_output / rows), so gradients are O(1) as in
+    training and comparable with FP8's absolute tolerance."""
+    from te_verify.models import CaseInputs
+    from te_verify.runner import run_prepared
+
+    record = Record(backend=backend.name)
+    model = build_model(spec)
+    inputs = make_inputs(spec)
+    rows = 1
+    for d in spec.batch_shape:
+        rows *= d
+    inputs = CaseInputs(inputs.x, inputs.grad_output / rows)
+    try:
+        fn = prepare_frozen(backend, model, spec)
+    except Exception as exc:
+        record.error, record.error_pass = exc, 0
+        return record
+    return run_prepared(fn, model, inputs, spec, record, probes)
