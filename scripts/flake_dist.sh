@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 runs="${1:-20}"
 out="$(mktemp -d /tmp/te_verify_flake.XXXXXX)"
 for i in $(seq 1 "$runs"); do
-  .venv/bin/python -m pytest cases/test_dist_*.py -p te_verify.distributed.fixtures -n auto --tier pr -q \
+  .venv/bin/python -m pytest cases/test_dist_*.py -n auto --tier pr -q \
     -p no:cacheprovider -W ignore -rA > "$out/run$i.log" 2>&1
   grep -E '^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) ' "$out/run$i.log" | sed -E 's/ - .*//' | sort > "$out/verdicts$i.txt"
   echo "run $i: $(wc -l < "$out/verdicts$i.txt") cases, $(tail -1 "$out/run$i.log")"

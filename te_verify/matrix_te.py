@@ -23,14 +23,19 @@ def _patterns(tier: str) -> tuple[str, ...]:
 
 
 def fp8_specs(tier: str) -> list[CaseSpec]:
-    """FP8 parity: stacks x freeze patterns x recipes, input with grad; plus the error-input case."""
+    """FP8 parity: stacks x freeze patterns x recipes (E4M3; HYBRID on the non-square stack), input with grad; plus
+    the error-input case."""
     check_tier(tier)
     stacks = (NON_SQUARE4,) if tier == "smoke" else (NON_SQUARE4, SQUARE4, NARROW4)
     specs = [CaseSpec("te_fp8", w, named_masks(4)[p], named_masks(4)[p], True, (16,), te=TEConfig(recipe=r))
              for w in stacks for p in _patterns(tier) for r in RECIPES]
+    if tier != "smoke":  # issue 3: E4M3 forward, E5M2 gradients under the HYBRID format
+        specs += [CaseSpec("te_fp8", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+                           te=TEConfig(recipe=r, fp8_format="HYBRID")) for p in ("alternating", "none") for r in RECIPES]
     if tier == "nightly":
-        specs += [CaseSpec("te_fp8", NON_SQUARE4, m, m, x, (2, 8), te=TEConfig(recipe=r), seed=s)
-                  for m in all_masks(4) for x in (False, True) for r in RECIPES for s in (0, 1)]
+        specs += [CaseSpec("te_fp8", NON_SQUARE4, m, m, x, (2, 8), te=TEConfig(recipe=r, fp8_format=f), seed=s)
+                  for m in all_masks(4) for x in (False, True) for r in RECIPES for f in ("E4M3", "HYBRID")
+                  for s in (0, 1)]
     specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
     return _dedupe(specs)
 

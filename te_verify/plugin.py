@@ -161,7 +161,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _case_of(item: pytest.Item) -> CaseRun | None:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("case") if callspec else None
+    run = callspec.params.get("case") if callspec else None
+    return run if isinstance(run, CaseRun) else None  # a lane with no selected backend parametrizes NOTSET
+
+
+def _drawn_backend(item: pytest.Item) -> str:
+    """The backend of a test that draws its own specs (parametrized over `te_backend`), else "-"."""
+    callspec = getattr(item, "callspec", None)
+    pair = callspec.params.get("te_backend") if callspec else None
+    return pair[0] if pair else "-"
 
 
 def _outcome(report: pytest.TestReport) -> str:
@@ -195,7 +203,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "nodeid": item.nodeid,
         "case_id": run.spec.id if run else item.name,
         "family": run.spec.family if run else getattr(module, "FAMILY", item.module.__name__ if module else "?"),
-        "backend": run.backend_name if run else "-",
+        "backend": run.backend_name if run else _drawn_backend(item),
         "outcome": _outcome(report),
         "reason": _reason(report),
         "duration": round(report.duration, 4),

@@ -14,6 +14,7 @@ DTYPES = ("fp32", "bf16")
 FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current")
 TE_MODULES = ("linear", "grouped_linear", "grouped_mlp")
+FP8_FORMATS = ("E4M3", "HYBRID")
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
 
 
@@ -42,6 +43,8 @@ class TEConfig:
     delay_wgrad: bool = False
     # Number of microbatches run (forward+backward each) before gradients are read.
     microbatches: int = 1
+    # FP8 format of the recipe: "E4M3" (forward tensors and gradients) or "HYBRID" (E4M3 forward, E5M2 gradients).
+    fp8_format: str = "E4M3"
 
     @property
     def tag(self) -> str:
@@ -54,6 +57,8 @@ class TEConfig:
             parts.append("dw")
         if self.microbatches > 1:
             parts.append(f"mb{self.microbatches}")
+        if self.fp8_format != "E4M3":  # suffix only off the default, so existing ids stay
+            parts.append(self.fp8_format.lower())
         return ".".join(parts)
 
 
@@ -195,6 +200,9 @@ def validate(spec: CaseSpec) -> None:
         _check(spec.te.recipe in RECIPES, f"te.recipe={spec.te.recipe!r}: expected one of {RECIPES}")
         _check(spec.te.module in TE_MODULES, f"te.module={spec.te.module!r}: expected one of {TE_MODULES}")
         _check(spec.te.microbatches >= 1, f"te.microbatches={spec.te.microbatches!r}: at least one")
+        _check(spec.te.fp8_format in FP8_FORMATS, f"te.fp8_format={spec.te.fp8_format!r}: expected one of {FP8_FORMATS}")
+        _check(spec.te.fp8_format == "E4M3" or spec.te.recipe is not None,
+               f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is None)")
         _check(not spec.te.grad_added_to_main_grad or spec.te.main_grad,
                "te.grad_added_to_main_grad=True needs te.main_grad=True")
     if spec.dist is not None:

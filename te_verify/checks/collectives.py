@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, waste_ratio
 
 GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
 ALIGN_BYTES = 16  # FSDP1 with use_orig_params aligns every parameter in its flat buffer
@@ -59,7 +59,7 @@ def gradient_volume(case_id: str, backend: str, calls: list[tuple[str, int, str]
     required = sum(p.nbytes for p in trainable)
     slack = sum(p.padding_bound(world_size) for p in trainable)
     figures = {"collective_bytes_actual": actual, "collective_bytes_required": required,
-               "collective_bytes_ratio": (actual / required) if required else (0.0 if not actual else float("inf")),
+               "collective_bytes_ratio": waste_ratio(actual, required),
                **summarize(calls)}
     head = f"[{case_id}] backend {backend}"
     if actual < required:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, waste_ratio
 
 Event = tuple[str, int, list[int]]
 
@@ -81,7 +81,7 @@ def gathered_peak(case_id: str, backend: str, events: list[Event], layers: list[
     actual = max(sum(gathered) for _, _, gathered in events)
     required = required_gathered_peak(layers, reshard_after_forward) if actual else 0
     figures = {"peak_gathered_bytes_actual": actual, "peak_gathered_bytes_required": required,
-               "peak_gathered_bytes_ratio": (actual / required) if required else (0.0 if not actual else float("inf"))}
+               "peak_gathered_bytes_ratio": waste_ratio(actual, required)}
     if actual > required:
         at = max(events, key=lambda ev: sum(ev[2]))
         return Verdict("gathered_peak", False, f"[{case_id}] backend {backend}: {actual} B of gathered parameters "

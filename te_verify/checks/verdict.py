@@ -19,3 +19,11 @@ class Verdict:
 
 def failed_messages(verdicts: list[Verdict]) -> list[str]:
     return [v.message for v in verdicts if not v.ok]
+
+
+def waste_ratio(actual: float, required: float) -> float | None:
+    """actual / required, the report's waste figure: 1.0 is the goal, and 0/0 counts as 1.0.
+    None when something was spent where nothing was required (no finite ratio)."""
+    if required == 0:
+        return 1.0 if actual == 0 else None
+    return round(actual / required, 4)

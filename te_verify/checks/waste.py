@@ -10,9 +10,9 @@ import math
 from collections import Counter
 from typing import Any
 
-from te_verify.checks.verdict import Verdict
-from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, graph_exists, input_needs_grad, required_flops, required_peak,
-                              required_saved, trainable_masks)
+from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, graph_exists, input_needs_grad,
+                              required_flops, required_peak, required_saved, trainable_masks)
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -52,12 +52,6 @@ def one_node_backward_allowance(spec: CaseSpec, backend: str) -> int:
     return size * max(grads - max(layer_sizes), 0)
 
 
-def _ratio(actual: float, required: float) -> float | None:
-    if required == 0:
-        return 1.0 if actual == 0 else None  # None: surplus over a zero requirement (no finite ratio)
-    return round(actual / required, 4)
-
-
 def _layer_label(spec: CaseSpec, layer: int | None, role: str) -> str:
     if layer is None:
         return "unattributed layer"
@@ -87,7 +81,7 @@ def gemm_problems(spec: CaseSpec, events: list) -> list[str]:
 
 def _flops_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
     actual, required = record.figures.get("flops_actual", 0), required_flops(spec)
-    figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": _ratio(actual, required)}
+    figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
     problems = gemm_problems(spec, record.observations.get("gemm_events", []))
     ok = actual == required and not problems
     message = "" if ok else (f"{spec.id} [{backend}]: FLOPs {actual:,} vs {required:,} required "
@@ -122,7 +116,7 @@ def _saved_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
         return Verdict("waste_saved", True, "", figures)  # saves bypass the hooks: nothing to judge
     actual = record.figures.get("saved_bytes_actual", 0)
     figures.update(saved_bytes_actual=actual, saved_count_actual=record.figures.get("saved_count_actual", 0),
-                   saved_bytes_ratio=_ratio(actual, need.nbytes))
+                   saved_bytes_ratio=waste_ratio(actual, need.nbytes))
     slack = SAVED_SLACK.get(backend, 1.0)
     ok = actual <= need.nbytes * slack
     message = "" if ok else (f"{spec.id} [{backend}]: saved-for-backward {actual:,} B vs {need.nbytes:,} B "
@@ -135,7 +129,7 @@ def _peak_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
     peak, bound = record.figures.get("peak_bytes", 0), required_peak(spec)
     allowance = one_node_backward_allowance(spec, backend)
     figures = {"peak_bytes": peak, "peak_backward_bytes": record.figures.get("peak_backward_bytes", 0),
-               "peak_required": bound, "peak_ratio": _ratio(peak, bound), "peak_allowance": allowance}
+               "peak_required": bound, "peak_ratio": waste_ratio(peak, bound), "peak_allowance": allowance}
     slack = PEAK_SLACK.get(backend, 1.0)
     ok = peak <= bound * slack + allowance
     message = "" if ok else (f"{spec.id} [{backend}]: peak memory {peak:,} B (backward "

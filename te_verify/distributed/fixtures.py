@@ -1,6 +1,6 @@
 """pytest fixtures of the distributed lane: one rank pool per process (per xdist worker).
 
-Load with `pytest_plugins = ["te_verify.distributed.fixtures"]`. `--world-size N` sets the pool's size.
+Registered by te_verify.plugin.LANE_PLUGINS. `--world-size N` sets the pool's size.
 """
 from __future__ import annotations
 

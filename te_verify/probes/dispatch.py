@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 aten = torch.ops.aten
 GEMM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm})
@@ -59,7 +60,7 @@ class LayerMap:
 
 def is_real(t: torch.Tensor) -> bool:
     """False for tensors a compiler traces with (FakeTensor, meta): their work is not the run's."""
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+    return not t.is_meta and not isinstance(t, FakeTensor)
 
 
 def _param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
@@ -68,8 +69,36 @@ def _param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
     return t._base if isinstance(t._base, torch.nn.Parameter) else None
 
 
+# What an op's outputs are, from its schema, cached per op (see _op_kind): bit flags.
+_FRESH = 1  # no return aliases an argument: every output storage is a new allocation (or an old one of ours)
+_SCAN = 2  # some return may alias an argument: an output is new only if no argument shares its storage
+_GEMM = 4  # one of GEMM_OPS: learn layers and tell the listeners
+_OP_KINDS: dict[int, int] = {}  # id(op) -> flags; ids are stable because _KNOWN_OPS keeps every op alive
+_KNOWN_OPS: list[Any] = []
+
+
+def _op_kind(func: Any) -> int:
+    """Flags of one op. Views, in-place and out= ops (all returns aliased) get no tracking flag at all."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        kind = _SCAN
+    else:
+        aliased = [r.alias_info is not None for r in schema.returns]
+        kind = 0 if all(aliased) else _SCAN if any(aliased) else _FRESH
+    if getattr(func, "overloadpacket", None) in GEMM_OPS:
+        kind |= _GEMM
+    _KNOWN_OPS.append(func)
+    _OP_KINDS[id(func)] = kind
+    return kind
+
+
 class Watcher(TorchDispatchMode):
-    """Tracks new storages (live bytes, peaks) and forward GEMM layers; forwards GEMMs to subscribers."""
+    """Tracks new storages (live bytes, peaks) and forward GEMM layers; forwards GEMMs to subscribers.
+
+    The dispatch hook is the per-op cost of every probed run, so its common path (an allocating op with one
+    plain tensor output) is one dict lookup for the op's kind, one for the storage, and a weakref per new
+    storage; views and in-place ops return after the kind lookup.
+    """
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -78,11 +107,13 @@ class Watcher(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.phase = "forward"  # set by the probes' phase() calls
+        self.counting = True  # False in the "idle" phase
         self.layers = LayerMap()
         self.gemm_listeners: list[Callable[[Any, tuple, torch.Tensor], None]] = []
-        self._live: dict[int, tuple[int, int]] = {}  # data_ptr -> (serial, nbytes) of live new storages
-        self._finalizers: list[weakref.finalize] = []
+        # data_ptr -> (serial, nbytes, weakref whose callback untracks the storage) of live new storages
+        self._live: dict[int, tuple[int, int, weakref.ref]] = {}
         self._serial = 0
+        self._paused = False  # popped off the mode stack for an idle phase
         self.current_bytes = 0
         self.peak_bytes = 0
         self.window_peak_bytes = 0  # peak since the last reset_window()
@@ -99,37 +130,50 @@ class Watcher(TorchDispatchMode):
         return t.untyped_storage().data_ptr() in self._live
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.phase == "idle":  # the harness's own work (snapshots of outputs and grads) is not the run's
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        kind = _OP_KINDS.get(id(func))
+        if kind is None:
+            kind = _op_kind(func)
+        if not kind or not self.counting:  # views/in-place; or the harness's own work (snapshots)
             return out
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for o in outs:
-            if isinstance(o, torch.Tensor) and is_real(o):
-                self._track(o, args)
-        if func.overloadpacket in GEMM_OPS and isinstance(out, torch.Tensor) and is_real(out):
+        if kind & _FRESH and type(out) is torch.Tensor:  # the common case, inlined
+            storage = out.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr and ptr not in self._live:
+                self._add(storage, ptr)
+        elif kind & (_FRESH | _SCAN):
+            self._track_outputs(out, args, scan=bool(kind & _SCAN))
+        if kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
             if self.phase == "forward":
                 self._learn_layer(args)
             for listener in self.gemm_listeners:
                 listener(func, args, out)
         return out
 
-    def _track(self, t: torch.Tensor, args: tuple) -> None:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr == 0 or ptr in self._live:
-            return
-        # A view or in-place result of an older tensor shares its storage: not an allocation.
-        if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
-            return
+    def _track_outputs(self, out: Any, args: tuple, scan: bool) -> None:
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(o, torch.Tensor) or not is_real(o):
+                continue
+            storage = o.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr == 0 or ptr in self._live:
+                continue
+            # A view or in-place result of an older tensor shares its storage: not an allocation.
+            if scan and any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
+                continue
+            self._add(storage, ptr)
+
+    def _add(self, storage: torch.UntypedStorage, ptr: int) -> None:
         self._serial += 1
         nbytes = storage.nbytes()
-        self._live[ptr] = (self._serial, nbytes)
+        # A weakref callback per storage (not weakref.finalize: its registry costs several times more).
+        self._live[ptr] = (self._serial, nbytes, weakref.ref(storage, partial(self._freed, ptr, self._serial)))
         self.current_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        self.window_peak_bytes = max(self.window_peak_bytes, self.current_bytes)
-        self._finalizers.append(weakref.finalize(storage, self._freed, ptr, self._serial))
+        if self.current_bytes > self.window_peak_bytes:
+            self.window_peak_bytes = self.current_bytes
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
-    def _freed(self, ptr: int, serial: int) -> None:
+    def _freed(self, ptr: int, serial: int, _ref: weakref.ref) -> None:
         entry = self._live.get(ptr)
         if entry is not None and entry[0] == serial:
             del self._live[ptr]
@@ -152,11 +196,23 @@ class Watcher(TorchDispatchMode):
             layer = len(self.layers.weight_keys) - 1
         self.layers.input_keys[layer].add(self.key(other))
 
-    def detach_finalizers(self) -> None:
-        """Stop tracking frees once the run is over (the figures are taken)."""
-        for fin in self._finalizers:
-            fin.detach()
-        self._finalizers.clear()
+    def set_phase(self, name: str) -> None:
+        """Idle pops the mode off the stack (when it is on top), so the harness's snapshots pay no dispatch."""
+        self.phase = name
+        self.counting = name != "idle"
+        if not self.counting and not self._paused and _get_current_dispatch_mode() is self:
+            super().__exit__(None, None, None)
+            self._paused = True
+        elif self.counting and self._paused:
+            super().__enter__()
+            self._paused = False
+
+    def close(self) -> None:
+        """Pop the mode (unless paused) and stop tracking frees: the run is over and the figures are taken."""
+        if not self._paused:
+            self.__exit__(None, None, None)
+        self._paused = False
+        self._live = {}  # dropping the weakrefs cancels their callbacks
 
 
 _ACTIVE: list[Watcher] = []  # the running watcher, if any
@@ -177,11 +233,9 @@ def unsubscribe(probe: object) -> None:
     """Leave the shared watcher; the last probe out pops the mode."""
     _SUBSCRIBERS.remove(probe)
     if not _SUBSCRIBERS:
-        watcher = _ACTIVE.pop()
-        watcher.__exit__(None, None, None)
-        watcher.detach_finalizers()
+        _ACTIVE.pop().close()
 
 
 def set_phase(name: str) -> None:
     if _ACTIVE:
-        _ACTIVE[-1].phase = name
+        _ACTIVE[-1].set_phase(name)

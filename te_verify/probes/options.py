@@ -1,4 +1,4 @@
-"""pytest options of the probes (loaded by the te_verify plugin through `pytest_plugins`)."""
+"""pytest options of the probes (registered by te_verify.plugin.LANE_PLUGINS)."""
 from __future__ import annotations
 
 import pytest

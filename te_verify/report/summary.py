@@ -1,6 +1,7 @@
 """summary.md: the families x backends matrix with outcome counts and the worst waste ratio per cell."""
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -59,6 +60,10 @@ def render_summary(results: dict[str, Any]) -> str:
     for family in families:
         row = [_ratio_text(table[(family, b)]) if (family, b) in table else "" for b in backends]
         lines.append(f"| {family} | " + " | ".join(row) + " |")
+    overheads = [r["figures"]["overhead_s"] for r in rows if isinstance(r.get("figures", {}).get("overhead_s"), (int, float))]
+    if overheads:
+        lines += ["", f"Distributed rank-pool overhead per case: median {statistics.median(overheads):.4f} s, "
+                      f"max {max(overheads):.4f} s over {len(overheads)} cases (round trip minus the slowest rank's compute; pool start-up excluded)"]
     failures = [r for r in rows if r["outcome"] in ("failed", "error", "xpassed")]
     if failures:
         lines += ["", "## Failures", ""]
