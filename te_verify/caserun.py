@@ -5,18 +5,16 @@ from typing import Iterable
 
 from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
-from te_verify.backends.compilations import count_compilations
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
-from te_verify.models import build_model, make_inputs
 from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
 from te_verify.record import Record
-from te_verify.runner import prepare_frozen, run_case, run_prepared
+from te_verify.runner import run_case
 from te_verify.spec import CaseSpec
 
 
@@ -34,20 +32,7 @@ class CaseRun:
 
     def run(self, backend: Backend | None = None, probes: Iterable[Probe] = (), spec: CaseSpec | None = None) -> Record:
         """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once."""
-        spec = spec or self.spec
-        backend = backend or self.backend
-        record = Record(backend=backend.name)
-        model, inputs = build_model(spec), make_inputs(spec)
-        try:
-            fn = prepare_frozen(backend, model, spec)
-        except Exception as exc:
-            record.error, record.error_pass = exc, 0
-            return record
-        run_prepared(fn, model, inputs, spec, record, probes)
-        compiled = count_compilations(fn)
-        if compiled is not None:
-            record.figures["compilations"] = compiled
-        return record
+        return run_case(spec or self.spec, backend or self.backend, probes)
 
     def standard_verdicts(self, ref: Record, got: Record) -> list[Verdict]:
         tol = tolerance_for(self.spec, self.backend_name)

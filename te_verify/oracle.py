@@ -7,7 +7,11 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
   reduction, not a GEMM): iff the bias is trainable;
 - saved for backward: the layer input iff wgrad is needed; the weight's FP8/transposed copy iff dgrad is
   needed. Only new allocations count: a plain layer-0 input is the model input and a plain weight is a
-  parameter, so neither counts; in FP8 cases both are new quantized copies (1 byte per element).
+  parameter, so neither counts; in FP8 cases both are new quantized copies (1 byte per element). Checked
+  against the reference runtime (tests/test_te_waste.py): its copies are float8 tensors of exactly these sizes.
+  Per-tensor scales are not copies and are not counted: the reference keeps them in one 3-element fp32 `meta`
+  per layer (FP8 flag, input and weight scale_inv), made from Python data and so invisible to probes.saved;
+  real TE keeps a 4-byte fp32 scale_inv beside each Float8Tensor's data.
 - every backward replay repeats the backward GEMMs; the forward runs once.
 """
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from te_verify.spec import CaseSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
-FP8_BYTES = 1  # an FP8 copy holds one byte per element (scales are per tensor and not counted)
+FP8_BYTES = 1  # an FP8 copy holds one byte per element (its per-tensor scale is not counted; see above)
 BACKWARD_ROLES = ("dgrad", "wgrad")
 
 

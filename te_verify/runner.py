@@ -7,6 +7,7 @@ from typing import Iterable
 import torch
 
 from te_verify.backends.base import Backend
+from te_verify.backends.compilations import count_compilations
 from te_verify.models import CaseInputs, build_model, make_inputs, set_frozen, unfreeze_all
 from te_verify.probes.base import Probe
 from te_verify.record import INPUT_GRAD, Record
@@ -77,14 +78,27 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
     return record
 
 
-def run_case(spec: CaseSpec, backend: Backend, probes: Iterable[Probe] = ()) -> Record:
-    """Run `spec` on `backend` from the seeded model and inputs; never raises for the backend's faults."""
-    record = Record(backend=backend.name)
+def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
+    """Build the seeded model and let the backend prepare it; a raise is recorded (pass 0) and gives None."""
     model = build_model(spec)
-    inputs = make_inputs(spec)
     try:
-        fn = prepare_frozen(backend, model, spec)
+        return model, prepare_frozen(backend, model, spec)
     except Exception as exc:
         record.error, record.error_pass = exc, 0
+        return None
+
+
+def run_case(spec: CaseSpec, backend: Backend, probes: Iterable[Probe] = (),
+             inputs: CaseInputs | None = None) -> Record:
+    """Run `spec` on `backend` from the seeded model and inputs (or `inputs`); never raises for the backend's
+    faults. Records how often the backend compiled (thunder, torch.compile) as figure `compilations`."""
+    record = Record(backend=backend.name)
+    prepared = build_prepared(spec, backend, record)
+    if prepared is None:
         return record
-    return run_prepared(fn, model, inputs, spec, record, probes)
+    model, fn = prepared
+    run_prepared(fn, model, inputs or make_inputs(spec), spec, record, probes)
+    compiled = count_compilations(fn)
+    if compiled is not None:
+        record.figures["compilations"] = compiled
+    return record

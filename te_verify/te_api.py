@@ -139,16 +139,15 @@ def using(impl: TEImpl):
         _ACTIVE[:] = previous
 
 
-def make_recipe(api: SimpleNamespace, recipe: str | None):
-    """The spec's recipe name ("delayed"/"current"/None) as a recipe object of `api`, in Format.E4M3.
+def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3"):
+    """The spec's recipe name ("delayed"/"current"/None) as a recipe object of `api`, in `fp8_format`.
 
-    E4M3 for gradients too, because the cases hold FP8 runs to the E4M3 tolerances (rtol 0.125, atol
-    0.0675: TE quantization_tols, thunder te_assert_close for E4M3-only recipes); HYBRID's E5M2 gradients
-    round to 2 mantissa bits and thunder holds them to rtol 0.25, atol 0.125 instead.
+    "E4M3" uses E4M3 for gradients too, held to E4M3 tolerances (rtol 0.125, atol 0.0675: TE quantization_tols,
+    thunder te_assert_close); "HYBRID" quantizes gradients to E5M2 (2 mantissa bits), held to rtol 0.25, atol 0.125.
     """
     if recipe is None:
         return None
-    fmt = api.Format.E4M3
+    fmt = getattr(api.Format, fp8_format)
     if recipe == "delayed":
         return api.DelayedScaling(fp8_format=fmt)
     return api.Float8CurrentScaling(fp8_format=fmt)

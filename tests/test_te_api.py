@@ -28,3 +28,10 @@ def test_activate_and_active():
     impl = te_api.resolve("reference")
     with te_api.using(impl):
         assert te_api.active() is impl
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("fmt", ["E4M3", "HYBRID"])
+def test_make_recipe_builds_the_spec_format(recipe, fmt):
+    api = te_api.resolve("reference").api
+    assert te_api.make_recipe(api, recipe, fmt).fp8_format == getattr(api.Format, fmt)

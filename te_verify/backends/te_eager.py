@@ -120,7 +120,7 @@ class TEEagerBackend:
         te = spec.te or TEConfig()
         if te.main_grad:
             attach_main_grad(model, te)
-        recipe = te_api.make_recipe(api, te.recipe)
+        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
         return TEStack(convert(model, spec, api), te.module != "linear", api, recipe)
 
 

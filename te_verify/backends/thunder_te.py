@@ -76,7 +76,8 @@ class ThunderTEBackend:
             label_layers(model)
         jitted = thunder.jit(model, executors=[executor, *thunder.get_default_executors()], transforms=transforms)
         api = self.impl.api
-        recipe = te_api.make_recipe(api, (spec.te or TEConfig()).recipe)
+        te = spec.te or TEConfig()
+        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             with api.autocast(enabled=recipe is not None, recipe=recipe):

@@ -1,14 +1,25 @@
-"""Minimal work on the reference GEMM log: per layer and backward pass, the GEMMs the case requires
-(fprop always; dgrad iff the layer's input needs a gradient; wgrad iff the weight is trainable; bgrad iff
-the bias is trainable) and the saved copies (input iff wgrad, weight iff dgrad). Pure functions of records.
+"""Minimal work of the TE lane: per layer and backward pass, the GEMMs the case requires (fprop always; dgrad iff
+the layer's input needs a gradient; wgrad iff the weight is trainable; bgrad iff the bias is trainable) and the
+saved copies (input iff wgrad, weight iff dgrad), read from the reference GEMM log; and the waste figures
+(issue 4) of every TE-lane case against te_verify.oracle. Pure functions of records.
+
+Sources of the figures: FLOPs from the reference GEMM log (GEMMs only; the bgrad reductions are not GEMMs, as in
+the oracle and the torch lane's flop counter); saved-for-backward bytes and count from te_verify.probes.saved
+(autograd's saves, new storages only, the torch lane's definition), which sees the reference's plain and FP8
+saves alike. Both are exact against the oracle; a surplus is named by layer and role from the GEMM log's
+saved-tensor events. Without a GEMM log (real TE) or a saved probe the actual figures are "unknown".
 """
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.oracle import graph_exists, required_flops, required_saved
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
+
+UNKNOWN = "unknown"
 
 
 def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
@@ -51,7 +62,10 @@ def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Ver
                 problems.append(f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required")
         if counts[(layer, "fprop")] != 1:
             problems.append(f"layer {layer}: {counts[(layer, 'fprop')]} fprop GEMMs, 1 required")
-    figures = {"flops_actual": sum(e.flops for e in events)}
+    figures = flops_figures(spec, events)
+    if record.error is None and figures["flops_actual"] != figures["flops_required"]:
+        problems.append(f"FLOPs {figures['flops_actual']:,} vs {figures['flops_required']:,} required "
+                        f"(ratio {figures['flops_ratio']})")
     if problems:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("gemm_work", True, figures=figures)
@@ -72,7 +86,63 @@ def saved_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> 
                 what = f"saved its {kind} copy ({nbytes} B) for a {role} that is not required" if got > want \
                     else f"did not save its {kind} copy, but its {role} is required"
                 problems.append(f"layer {layer}: {what}")
-    figures = {"saved_bytes_actual": sum(e.bytes for e in saved), "saved_count_actual": len(saved)}
+    figures = {"te_saved_copy_bytes": sum(e.bytes for e in saved), "te_saved_copy_count": len(saved)}
     if problems:
         return Verdict("saved_copies", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("saved_copies", True, figures=figures)
+
+
+def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
+    """flops_actual (the log's GEMMs, bgrad reductions excluded), flops_required and their ratio."""
+    actual, required = sum(e.flops for e in events if e.role != "bgrad"), required_flops(spec)
+    return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
+
+
+def _surplus_copies(spec: CaseSpec, record: Record) -> list[str]:
+    """Logged saves that no required GEMM uses, by layer and role: "layer 1 (dgrad not needed): ..."."""
+    required = required_roles(spec)
+    lines = []
+    for e in record.observations.get("te_saved", []):
+        role = "wgrad" if e.kind == "input" else "dgrad"
+        if role not in required.get(e.layer, set()):
+            size = f"{e.bytes:,} B FP8" if e.fp8 else "by reference"
+            lines.append(f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({size}), 0 required")
+    return lines
+
+
+def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's, exactly."""
+    need = required_saved(spec)
+    figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
+    if "saved_count_raw" not in record.figures:
+        figures.update(saved_bytes_actual=UNKNOWN, saved_count_actual=UNKNOWN, saved_bytes_ratio=UNKNOWN)
+        return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: no saved-tensor figures "
+                                                f"(run without SavedTensorsProbe?)", figures)
+    actual, count = record.figures["saved_bytes_actual"], record.figures["saved_count_actual"]
+    figures.update(saved_bytes_actual=actual, saved_count_actual=count, saved_bytes_ratio=waste_ratio(actual, need.nbytes))
+    if (actual, count) == (need.nbytes, need.count):
+        return Verdict("te_saved_bytes", True, figures=figures)
+    named = _surplus_copies(spec, record) or [f"no logged copy explains it (probe saw {record.figures.get('saved_by_layer')})"]
+    return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: saved-for-backward {actual:,} B in {count} "
+                                            f"tensors vs {need.nbytes:,} B in {need.count} required (ratio "
+                                            f"{figures['saved_bytes_ratio']}); " + "; ".join(named), figures)
+
+
+def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: str | None = None) -> list[Verdict]:
+    """The TE lane's waste verdicts (GEMMs by layer and role, FLOPs, saved bytes), each with its figures.
+
+    Not judged (actual figures "unknown", reason in `waste_skipped`) when `skip` says why, when the run raised
+    (a cut-short run has partial figures; the replay check judges it), or when there is no GEMM log (real TE).
+    """
+    if skip is None and record.error is not None and graph_exists(spec):
+        skip = f"run raised in pass {record.error_pass}"
+    if skip is None and record.observations.get("gemm_log") is None:
+        skip = "no reference GEMM log (the TE GEMMs run outside the reference runtime)"
+    if skip is not None:
+        need = required_saved(spec)
+        figures = {"flops_required": required_flops(spec), "saved_bytes_required": need.nbytes,
+                   "saved_count_required": need.count, "waste_skipped": skip}
+        figures.update({k: UNKNOWN for k in ("flops_actual", "flops_ratio", "saved_bytes_actual",
+                                             "saved_bytes_ratio", "saved_count_actual")})
+        return [Verdict("te_waste", True, figures=figures)]
+    return [gemm_work(case_id, backend, spec, record), saved_bytes(case_id, backend, spec, record)]

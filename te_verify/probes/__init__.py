@@ -11,4 +11,9 @@ def default_probes(backend_name: str) -> list[Probe]:
     from te_verify.probes.memory import PeakMemoryProbe
     from te_verify.probes.saved import SavedTensorsProbe
 
-    return [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
+    probes: list[Probe] = [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
+    if backend_name in ("te_eager", "thunder_te"):
+        from te_verify.probes.te_gemm import TEGemmProbe
+
+        probes.append(TEGemmProbe())  # counts real TE's GEMMs by role; inactive on the reference runtime
+    return probes

@@ -4,13 +4,14 @@ microbatch, main_grad at the end, grad_added_to_main_grad, and how often autogra
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
-from te_verify.models import build_model, make_inputs
+from te_verify.models import CaseInputs, make_inputs
 from te_verify.record import Record
-from te_verify.runner import prepare_frozen, snapshot_grads
+from te_verify.runner import build_prepared, run_case, snapshot_grads
 from te_verify.spec import CaseSpec
 
 
@@ -45,12 +46,10 @@ def _count_write(p: torch.nn.Parameter, obs: WeightObservation) -> None:
 def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
     """Run the microbatches (seeds spec.seed + 1000*k for inputs); grads snapshot after each one."""
     record = Record(backend=backend.name)
-    model = build_model(spec)
-    try:
-        fn = prepare_frozen(backend, model, spec)
-    except Exception as exc:
-        record.error, record.error_pass = exc, 0
+    prepared = build_prepared(spec, backend, record)
+    if prepared is None:
         return record
+    model, fn = prepared
     weights = {n: p for n, p in model.named_parameters() if n.endswith("weight") and p.requires_grad}
     obs = {n: WeightObservation() for n in weights}
     for n, p in weights.items():
@@ -83,19 +82,6 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
 def run_mean_reduced(spec: CaseSpec, backend, probes=()) -> Record:
     """run_case with the cotangent of a mean-reduced loss (grad_output / rows), so gradients are O(1) as in
     training and comparable with FP8's absolute tolerance."""
-    from te_verify.models import CaseInputs
-    from te_verify.runner import run_prepared
-
-    record = Record(backend=backend.name)
-    model = build_model(spec)
     inputs = make_inputs(spec)
-    rows = 1
-    for d in spec.batch_shape:
-        rows *= d
-    inputs = CaseInputs(inputs.x, inputs.grad_output / rows)
-    try:
-        fn = prepare_frozen(backend, model, spec)
-    except Exception as exc:
-        record.error, record.error_pass = exc, 0
-        return record
-    return run_prepared(fn, model, inputs, spec, record, probes)
+    rows = math.prod(spec.batch_shape)
+    return run_case(spec, backend, probes, inputs=CaseInputs(inputs.x, inputs.grad_output / rows))

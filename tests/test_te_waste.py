@@ -1,0 +1,115 @@
+"""The TE lane's waste figures (checks.gemm_log.te_waste): a planted FP8 weight copy for a layer whose dgrad is not
+needed is caught by the saved-bytes check, clean runs are exact, and the oracle's FP8 sizes are what the reference
+saves. Also the HYBRID format's spec field, id and tolerance."""
+import types
+
+import pytest
+import torch
+
+from te_verify import te_api
+from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.backends.thunder_te import ThunderTEBackend
+from te_verify.checks.gemm_log import saved_bytes, te_waste
+from te_verify.checks.tolerances import tolerance_for
+from te_verify.oracle import required_saved
+from te_verify.probes.saved import SavedTensorsProbe
+from te_verify.reference import linear as ref_linear
+from te_verify.reference.functional import linear_forward
+from te_verify.reference.gemm_probe import GemmProbe
+from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.spec import CaseSpec, SpecError, TEConfig
+
+ALT = (True, False, True, False)
+PEFT = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, ALT, False, (16,), te=TEConfig(recipe="delayed"))
+PLAIN = CaseSpec("te_replay", (32, 64, 128, 64, 32), ALT, ALT, True, (16,), replays=2, te=TEConfig(recipe=None))
+FIGURES = ("flops_actual", "flops_required", "flops_ratio", "saved_bytes_actual", "saved_bytes_required",
+           "saved_bytes_ratio", "saved_count_actual", "saved_count_required")
+
+
+class _SavesWeightCopyAlways(ref_linear._LinearFunction):
+    @staticmethod
+    def forward(ctx, x, weight, bias, module):
+        need_dgrad, need_wgrad, need_bgrad = module.grad_needs(ctx.needs_input_grad[:3])
+        out, saved_x, saved_w, meta = linear_forward(module.state, x, weight, bias, need_wgrad, True)
+        ctx.save_for_backward(saved_x, saved_w, meta)
+        ctx.module, ctx.needs = module, (need_dgrad, need_wgrad, need_bgrad)
+        return out
+
+
+class SavesWeightCopyAlways(ref_linear.Linear):
+    """Fault: keeps the weight's FP8 copy for backward whether or not dgrad needs it (backward stays minimal)."""
+
+    def forward(self, inp, is_first_microbatch=None):
+        self.state.label = self.name
+        return _SavesWeightCopyAlways.apply(inp, self.weight, self.bias, self)
+
+
+def _probed(spec: CaseSpec, backend, impl: te_api.TEImpl):
+    with te_api.using(impl):
+        return run_mean_reduced(spec, backend, [GemmProbe(), SavedTensorsProbe()])
+
+
+@pytest.mark.parametrize("spec", [PEFT, PLAIN], ids=["fp8", "plain"])
+@pytest.mark.parametrize("backend", [TEEagerBackend(), ThunderTEBackend()], ids=lambda b: b.name)
+def test_clean_reference_is_exact_and_carries_every_figure(spec, backend):
+    got = _probed(spec, backend, te_api.resolve("reference"))
+    verdicts = te_waste(spec.id, backend.name, spec, got)
+    assert all(v.ok for v in verdicts), [v.message for v in verdicts]
+    figures = {k: v for verdict in verdicts for k, v in verdict.figures.items()}
+    assert set(FIGURES) <= set(figures)
+    assert figures["flops_ratio"] == figures["saved_bytes_ratio"] == 1.0
+    assert figures["saved_count_actual"] == figures["saved_count_required"] == required_saved(spec).count > 0
+
+
+def test_fp8_weight_copy_without_dgrad_is_caught_by_saved_bytes():
+    planted = te_api.TEImpl("planted.weight_copy", "planted fault",
+                            types.SimpleNamespace(**{**vars(te_api.resolve("reference").api), "Linear": SavesWeightCopyAlways}))
+    got = _probed(PEFT, TEEagerBackend(), planted)
+    flops, saved = te_waste(PEFT.id, "te_eager", PEFT, got)
+    assert flops.ok  # the GEMMs are still minimal: only the saved bytes show the waste
+    assert not saved.ok
+    # Layer 1's input needs no grad (x does not, layer 0 is frozen): its (128, 64) FP8 weight copy is 8,192 B.
+    assert saved.figures["saved_bytes_actual"] == saved.figures["saved_bytes_required"] + 128 * 64
+    assert saved.figures["saved_bytes_ratio"] > 1.0
+    assert "layer 1 (dgrad not needed): saved weight copy (8,192 B FP8), 0 required" in saved.message
+
+
+def test_missing_saved_probe_is_reported_not_passed():
+    with te_api.using(te_api.resolve("reference")):
+        got = run_mean_reduced(PEFT, TEEagerBackend(), [GemmProbe()])
+    verdict = saved_bytes(PEFT.id, "te_eager", PEFT, got)
+    assert not verdict.ok and verdict.figures["saved_bytes_actual"] == "unknown"
+
+
+def test_reference_saves_the_oracles_fp8_copies_and_one_scale_meta_per_layer():
+    """Pins oracle.required_saved's FP8 assumptions to the reference: float8 copies at 1 B per element, of exactly the
+    required sizes; scales ride in one 3-element fp32 meta per layer in the graph (not counted on either side)."""
+    probe = SavedTensorsProbe()
+    with te_api.using(te_api.resolve("reference")):
+        run_mean_reduced(PEFT, TEEagerBackend(), [probe])
+    fp8 = [i for i in probe.items if i.dtype.startswith("torch.float8")]
+    meta = [i for i in probe.items if i.shape == (3,) and i.dtype == "torch.float32"]
+    assert sorted(i.storage_bytes for i in fp8) == sorted(b for _, _, b in required_saved(PEFT).items)
+    assert all(i.new for i in fp8) and all(i.storage_bytes == i.tensor_bytes for i in fp8)
+    assert len(meta) == 3 and not any(i.new for i in meta)  # layers 1-3 are in the graph; layer 0 is not
+
+
+def test_hybrid_format_field_id_and_tolerance():
+    hybrid = PEFT.replace(te=TEConfig(recipe="current", fp8_format="HYBRID"))
+    assert hybrid.id.endswith("fp8current.hybrid") and not PEFT.id.endswith("hybrid")
+    assert (tolerance_for(hybrid).rtol, tolerance_for(hybrid).atol) == (0.25, 0.125)
+    assert (tolerance_for(PEFT).rtol, tolerance_for(PEFT).atol) == (0.125, 0.0675)
+    with pytest.raises(SpecError, match="te.fp8_format='E5M3'"):
+        PEFT.replace(te=TEConfig(recipe="delayed", fp8_format="E5M3"))
+    with pytest.raises(SpecError, match="te.fp8_format='HYBRID' needs an FP8 te.recipe"):
+        PEFT.replace(te=TEConfig(recipe=None, fp8_format="HYBRID"))
+
+
+def test_reference_hybrid_quantizes_gradients_in_e5m2():
+    from te_verify.reference import Format
+    from te_verify.reference.functional import LayerState
+    from te_verify.reference.recipe import DelayedScaling
+
+    state, recipe = LayerState("0"), DelayedScaling(fp8_format=Format.HYBRID)
+    assert state.scaler("input", recipe).dtype == torch.float8_e4m3fn
+    assert state.scaler("grad_output", recipe).dtype == torch.float8_e5m2
