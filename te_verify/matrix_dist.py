@@ -10,7 +10,7 @@ reference, not looser numbers).
 """
 from __future__ import annotations
 
-from te_verify.matrix import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, named_masks
+from te_verify.matrix import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, dedupe, named_masks
 from te_verify.spec import CaseSpec, DistConfig
 
 WORLD_SIZE = 2
@@ -28,10 +28,6 @@ def _spec(family: str, wrapper: str, mask, x_grad: bool = False, options: tuple 
     bias_mask = mask if bias is None else bias
     return CaseSpec(family, widths, mask, bias_mask, x_grad, batch, dtype, 1, timing,
                     dist=DistConfig(wrapper, WORLD_SIZE, tuple(sorted(options))))
-
-
-def _dedupe(specs: list[CaseSpec]) -> list[CaseSpec]:
-    return list({s.id: s for s in specs}.values())
 
 
 def _pattern_grid(family: str, wrapper: str, tier: str, options: tuple = ()) -> list[CaseSpec]:
@@ -56,7 +52,7 @@ def ddp_specs(tier: str) -> list[CaseSpec]:
         specs.append(_spec("dist_ddp", "ddp", alt, True, (opt,)))
     specs.append(_spec("dist_ddp", "ddp", alt, True, widths=NON_SQUARE4, bias=tuple(not b for b in alt), batch=(4, 6)))
     specs += _timing("dist_ddp", "ddp", (("find_unused_parameters", True),))
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def fsdp_specs(tier: str) -> list[CaseSpec]:
@@ -68,7 +64,7 @@ def fsdp_specs(tier: str) -> list[CaseSpec]:
         specs += [_spec("dist_fsdp", "fsdp", m, x, opts) for m in masks.values() for x in (False, True)]
     if tier != "smoke":
         specs += _timing("dist_fsdp", "fsdp")
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def fsdp2_specs(tier: str) -> list[CaseSpec]:
@@ -80,7 +76,7 @@ def fsdp2_specs(tier: str) -> list[CaseSpec]:
         alt = named_masks(3)["alternating"]
         specs.append(_spec("dist_fsdp2", "fsdp2", alt, True, widths=ODD_WIDTHS[1], batch=(4, 6)))
         specs += _timing("dist_fsdp2", "fsdp2")
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def fairscale_specs(tier: str) -> list[CaseSpec]:
@@ -91,19 +87,19 @@ def fairscale_specs(tier: str) -> list[CaseSpec]:
     for reshard, flatten in grid:
         opts = (("flatten_parameters", flatten), ("reshard_after_forward", reshard))
         specs += [_spec("dist_fairscale", "fairscale_fsdp", m, True, opts) for m in masks]
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def thunder_ddp_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     masks = [MIDDLE, named_masks(4)["none"]] if tier != "smoke" else [MIDDLE]
-    return _dedupe([_spec("dist_thunder", "thunder_ddp", m, True) for m in masks])
+    return dedupe([_spec("dist_thunder", "thunder_ddp", m, True) for m in masks])
 
 
 def thunder_fsdp_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     masks = [MIDDLE, named_masks(4)["none"]] if tier != "smoke" else [MIDDLE]
-    return _dedupe([_spec("dist_thunder", "thunder_fsdp", m, True) for m in masks])
+    return dedupe([_spec("dist_thunder", "thunder_fsdp", m, True) for m in masks])
 
 
 FAMILIES = {

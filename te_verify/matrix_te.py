@@ -6,7 +6,7 @@ all 16 masks of 4 layers, alternating, prefix/suffix, and the non-square 32->64-
 """
 from __future__ import annotations
 
-from te_verify.matrix import _dedupe, all_masks, check_tier, named_masks
+from te_verify.matrix import all_masks, check_tier, dedupe, named_masks
 from te_verify.spec import CaseSpec, TEConfig
 
 NON_SQUARE4 = (32, 64, 128, 64, 32)
@@ -37,7 +37,7 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
                   for m in all_masks(4) for x in (False, True) for r in RECIPES for f in ("E4M3", "HYBRID")
                   for s in (0, 1)]
     specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def peft_specs(tier: str) -> list[CaseSpec]:
@@ -52,7 +52,7 @@ def peft_specs(tier: str) -> list[CaseSpec]:
         specs += [CaseSpec("te_peft", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (16,),
                            freeze_timing=t, te=TEConfig(recipe="delayed"))
                   for p in ("alternating", "prefix") for t in ("after", "unfreeze_after")]
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def replay_specs(tier: str) -> list[CaseSpec]:
@@ -61,7 +61,7 @@ def replay_specs(tier: str) -> list[CaseSpec]:
     replays = (2,) if tier == "smoke" else (2, 3)
     recipes = ("delayed",) if tier == "smoke" else ("delayed", "current", None)
     patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix")
-    return _dedupe([CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+    return dedupe([CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
                              replays=r, te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes])
 
 
@@ -71,7 +71,7 @@ def contract_specs(tier: str) -> list[CaseSpec]:
     kinds = ("linear",) if tier == "smoke" else ("linear", "grouped_linear", "grouped_mlp")
     mbs = (2,) if tier == "smoke" else (2, 3)
     mask = (False, True, False, False)
-    return _dedupe([CaseSpec("te_contract", NARROW4, mask, mask, True, (16,),
+    return dedupe([CaseSpec("te_contract", NARROW4, mask, mask, True, (16,),
                              te=TEConfig(None, kind, mg, added, delay, mb))
                     for kind in kinds for delay, mg, added in CONFIGS for mb in mbs])
 
@@ -89,7 +89,7 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
             for rec in recipes:
                 specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
                                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 FAMILIES = {"te_fp8": fp8_specs, "te_peft": peft_specs, "te_replay": replay_specs,
