@@ -16,10 +16,10 @@ def SPECS(tier: str) -> list:
     return []  # drawn by hypothesis below, not enumerated
 
 
-def test_generated(te_backend, request):
+def test_generated(lane_backend, request):
     if request.config.getoption("tier") != "nightly":
         pytest.skip("hypothesis-drawn cases run in the nightly tier")
-    name, backend = te_backend
+    name, backend = lane_backend
 
     @settings(max_examples=request.config.getoption("max_examples"), deadline=None,
               suppress_health_check=list(HealthCheck))

@@ -82,6 +82,9 @@ class Session:
         }
 
 
+SESSION = pytest.StashKey[Session]()
+
+
 def _availability(backend) -> str:
     ok, reason = backend.available()
     return "available" if ok else f"unavailable: {reason}"
@@ -96,16 +99,12 @@ def _activate_te_impl(choice: str | None):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "te_verify_case: a generated conformance case")
     thunder_named_tensors.apply()  # before anything can import thunder, in every process
     try:
         check_tier(config.getoption("tier"))
         config.stash[SESSION] = Session(config)
     except (TierError, BackendError, ExpectationsError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
-
-
-SESSION = pytest.StashKey[Session]()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -122,9 +121,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     session = metafunc.config.stash[SESSION]
-    if "te_backend" in metafunc.fixturenames:  # a test over the lane's backends, drawing its own specs
+    if "lane_backend" in metafunc.fixturenames:  # a test over the lane's backends, drawing its own specs
         pairs = session.lane_backends(metafunc.module.LANE)
-        metafunc.parametrize("te_backend", pairs, ids=[name for name, _ in pairs])
+        metafunc.parametrize("lane_backend", pairs, ids=[name for name, _ in pairs])
     if "case" not in metafunc.fixturenames:
         return
     module = metafunc.module
@@ -166,9 +165,9 @@ def _case_of(item: pytest.Item) -> CaseRun | None:
 
 
 def _drawn_backend(item: pytest.Item) -> str:
-    """The backend of a test that draws its own specs (parametrized over `te_backend`), else "-"."""
+    """The backend of a test that draws its own specs (parametrized over `lane_backend`), else "-"."""
     callspec = getattr(item, "callspec", None)
-    pair = callspec.params.get("te_backend") if callspec else None
+    pair = callspec.params.get("lane_backend") if callspec else None
     return pair[0] if pair else "-"
 
 

@@ -140,8 +140,9 @@ def _peak_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
 
 def waste_verdicts(spec: CaseSpec, record: Record, backend_name: str) -> list[Verdict]:
     """FLOPs/GEMMs, saved bytes and peak verdicts for one probed run of `spec` on `backend_name`."""
-    if record.error is not None and graph_exists(spec):
-        # A run cut short (e.g. TE's second backward raising) has partial figures; the replay check judges it.
+    if record.error is not None and (graph_exists(spec) or record.output is None):
+        # A run cut short (e.g. TE's second backward raising, or a warm-up step raising before the measured
+        # forward) has partial figures; the replay check judges it.
         return [Verdict("waste", True, "", {"waste_skipped": f"run raised in pass {record.error_pass}"})]
     return [_flops_verdict(spec, record, backend_name), _saved_verdict(spec, record, backend_name),
             _peak_verdict(spec, record, backend_name)]
