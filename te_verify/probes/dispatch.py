@@ -11,7 +11,11 @@ Why a dispatch mode and what it sees:
 - Storage identity: every storage first produced by an op during the run gets a serial number (its key);
   storages that existed before (parameters, the model input) are keyed ("pre", data_ptr). Serials never
   alias, unlike data pointers, which the allocator reuses once a storage is freed.
-- Phase "idle" (set by a runner around its own snapshots) pauses all of it.
+- Phase "idle" (set by a runner around its own snapshots) pauses all of it: the mode is popped off the stack,
+  so the harness's copies pay no dispatch either.
+- Cost: a Python dispatch hook costs a few microseconds per aten op whatever it does (about 2.5x the step
+  time of the pr tier's 0.2 ms stacks for a do-nothing mode); the hook below keeps its own work to a few
+  dict lookups per op, so the probes' overhead is per op, not per FLOP.
 - Layers: a stack of linear layers is a chain, so the k-th distinct parameter used as a GEMM operand in the
   forward phase is the weight of layer k; the other operand of that GEMM is the layer's input.
 """
@@ -43,13 +47,27 @@ class LayerMap:
     input_keys: list[set] = field(default_factory=list)
     # 2-D shape of each layer's input as the GEMM saw it.
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    # Indexes for the per-GEMM lookups: weight key -> layer; input key -> layer, None if several layers had it.
+    _weight_layer: dict[StorageKey, int] = field(default_factory=dict, repr=False)
+    _input_layer: dict[StorageKey, int | None] = field(default_factory=dict, repr=False)
+
+    def add_layer(self, weight_key: StorageKey, weight_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int:
+        self._weight_layer[weight_key] = len(self.weight_keys)
+        self.weight_keys.append(weight_key)
+        self.weight_shapes.append(weight_shape)
+        self.input_keys.append(set())
+        self.input_shapes.append(input_shape)
+        return len(self.weight_keys) - 1
+
+    def add_input(self, layer: int, key: StorageKey) -> None:
+        self.input_keys[layer].add(key)
+        self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
 
     def layer_of_weight(self, key: StorageKey) -> int | None:
-        return self.weight_keys.index(key) if key in self.weight_keys else None
+        return self._weight_layer.get(key)
 
     def layer_of_input(self, key: StorageKey) -> int | None:
-        hits = [i for i, keys in enumerate(self.input_keys) if key in keys]
-        return hits[0] if len(hits) == 1 else None
+        return self._input_layer.get(key)
 
     def unique_layer(self, shapes: list[tuple[int, ...]], shape: tuple[int, ...], transposed_too: bool) -> int | None:
         """The one layer whose listed shape matches `shape` (or its transpose), else None."""
@@ -69,16 +87,18 @@ def _param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
     return t._base if isinstance(t._base, torch.nn.Parameter) else None
 
 
-# What an op's outputs are, from its schema, cached per op (see _op_kind): bit flags.
+# What an op's outputs are, from its schema, cached per op (see _op_info): bit flags.
 _FRESH = 1  # no return aliases an argument: every output storage is a new allocation (or an old one of ours)
 _SCAN = 2  # some return may alias an argument: an output is new only if no argument shares its storage
 _GEMM = 4  # one of GEMM_OPS: learn layers and tell the listeners
-_OP_KINDS: dict[int, int] = {}  # id(op) -> flags; ids are stable because _KNOWN_OPS keeps every op alive
+# id(op) -> (flags, the op's C++ callable); ids are stable because _KNOWN_OPS keeps every op alive.
+_OP_INFO: dict[int, tuple[int, Callable[..., Any]]] = {}
 _KNOWN_OPS: list[Any] = []
 
 
-def _op_kind(func: Any) -> int:
-    """Flags of one op. Views, in-place and out= ops (all returns aliased) get no tracking flag at all."""
+def _op_info(func: Any) -> tuple[int, Callable[..., Any]]:
+    """Flags of one op and what to call to run it. Views, in-place and out= ops (all returns aliased) get no
+    tracking flag. The callable is the OpOverload's own C++ op, skipping its Python __call__ frame."""
     schema = getattr(func, "_schema", None)
     if schema is None:
         kind = _SCAN
@@ -88,8 +108,8 @@ def _op_kind(func: Any) -> int:
     if getattr(func, "overloadpacket", None) in GEMM_OPS:
         kind |= _GEMM
     _KNOWN_OPS.append(func)
-    _OP_KINDS[id(func)] = kind
-    return kind
+    _OP_INFO[id(func)] = info = (kind, getattr(func, "_op", func))
+    return info
 
 
 class Watcher(TorchDispatchMode):
@@ -122,18 +142,25 @@ class Watcher(TorchDispatchMode):
         self.window_peak_bytes = self.current_bytes
 
     def key(self, t: torch.Tensor) -> StorageKey:
-        ptr = t.untyped_storage().data_ptr()
+        return self.key_of_storage(t.untyped_storage())
+
+    def key_of_storage(self, storage: torch.UntypedStorage) -> StorageKey:
+        """The serial (an int) of a storage made during the run, else ("pre", data_ptr)."""
+        ptr = storage.data_ptr()
         entry = self._live.get(ptr)
         return entry[0] if entry is not None else ("pre", ptr)
 
     def is_new(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self._live
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # _skip_dynamo_in_dispatch below does it without a wrapper frame per op
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        kind = _OP_KINDS.get(id(func))
-        if kind is None:
-            kind = _op_kind(func)
+        info = _OP_INFO.get(id(func)) or _op_info(func)
+        kind = info[0]
+        out = info[1](*args, **kwargs) if kwargs else info[1](*args)
         if not kind or not self.counting:  # views/in-place; or the harness's own work (snapshots)
             return out
         if kind & _FRESH and type(out) is torch.Tensor:  # the common case, inlined
@@ -189,12 +216,8 @@ class Watcher(TorchDispatchMode):
         wkey = ("pre", weight.untyped_storage().data_ptr())
         layer = self.layers.layer_of_weight(wkey)
         if layer is None:
-            self.layers.weight_keys.append(wkey)
-            self.layers.weight_shapes.append(tuple(weight.shape))
-            self.layers.input_keys.append(set())
-            self.layers.input_shapes.append(tuple(other.shape))
-            layer = len(self.layers.weight_keys) - 1
-        self.layers.input_keys[layer].add(self.key(other))
+            layer = self.layers.add_layer(wkey, tuple(weight.shape), tuple(other.shape))
+        self.layers.add_input(layer, self.key(other))
 
     def set_phase(self, name: str) -> None:
         """Idle pops the mode off the stack (when it is on top), so the harness's snapshots pay no dispatch."""
@@ -215,13 +238,31 @@ class Watcher(TorchDispatchMode):
         self._live = {}  # dropping the weakrefs cancels their callbacks
 
 
+def _skip_dynamo_in_dispatch() -> None:
+    """Keep dynamo out of the dispatch hook and all it calls, as TorchDispatchMode's own per-call
+    torch._disable_dynamo wrapper does, by marking the code object once (recursive skip): the wrapper costs two
+    Python frames and four eval-frame switches per op. Falls back to the wrapper if that API is gone."""
+    code = Watcher.__torch_dispatch__.__code__
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except (ImportError, AttributeError):
+        Watcher.__torch_dispatch__ = torch._disable_dynamo(Watcher.__dict__["__torch_dispatch__"], recursive=True)
+
+
 _ACTIVE: list[Watcher] = []  # the running watcher, if any
 _SUBSCRIBERS: list[object] = []
+_DYNAMO_SKIPPED: list[bool] = []  # non-empty once _skip_dynamo_in_dispatch ran
 
 
 def subscribe(probe: object) -> Watcher:
     """Join the shared watcher, pushing it on the dispatch-mode stack if this is the first probe."""
     if not _SUBSCRIBERS:
+        if not _DYNAMO_SKIPPED:
+            _skip_dynamo_in_dispatch()
+            _DYNAMO_SKIPPED.append(True)
         watcher = Watcher()
         watcher.__enter__()
         _ACTIVE.append(watcher)

@@ -47,19 +47,17 @@ class GemmEvent:
     flops: int
 
 
-def gemm_flops(func: Any, args: tuple, out: torch.Tensor) -> int:
-    """FLOPs of one GEMM by torch.utils.flop_counter's convention: 2 per multiply-add, bias ignored."""
-    first_operand = [x for x in args if isinstance(x, torch.Tensor)][-2]
-    return 2 * first_operand.shape[-1] * math.prod(out.shape)
-
-
 def _operand_layers(watcher: Watcher, args: tuple) -> tuple[int | None, int | None]:
     """(layer whose weight is an operand, layer whose forward input is an operand)."""
     by_weight = by_input = None
-    for t in [x for x in args if isinstance(x, torch.Tensor)][-2:]:
+    for t in args[-2:]:  # the two GEMM operands: every GEMM op's last two positional arguments
+        if not isinstance(t, torch.Tensor):
+            continue
         key = watcher.key(t)
-        by_weight = by_weight if by_weight is not None else watcher.layers.layer_of_weight(key)
-        by_input = by_input if by_input is not None else watcher.layers.layer_of_input(key)
+        if by_weight is None:
+            by_weight = watcher.layers.layer_of_weight(key)
+        if by_input is None:
+            by_input = watcher.layers.layer_of_input(key)
     return by_weight, by_input
 
 
@@ -92,12 +90,22 @@ class GemmProbe:
     name = "gemms"
 
     def __init__(self) -> None:
-        self.events: list[GemmEvent] = []
+        # (phase, pass, role, layer, op, shape, flops) per GEMM: tuples while the run goes (cheap to make),
+        # GemmEvents once asked for (see `events`).
+        self._raw: list[tuple] = []
+        self._events: list[GemmEvent] | None = None  # built from _raw on first ask after the run
         self._phase, self._pass = "forward", 0
         self._watcher: Watcher | None = None
 
+    @property
+    def events(self) -> list[GemmEvent]:
+        if self._events is None or len(self._events) != len(self._raw):
+            self._events = [GemmEvent(ph, k, role, layer, str(op), shape, flops)
+                            for ph, k, role, layer, op, shape, flops in self._raw]
+        return self._events
+
     def __enter__(self) -> "GemmProbe":
-        self.events = []
+        self._raw, self._events = [], None
         self._watcher = dispatch.subscribe(self)
         self._watcher.gemm_listeners.append(self._on_gemm)
         return self
@@ -112,19 +120,22 @@ class GemmProbe:
 
     def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:
         role, layer = attribute(self._watcher, self._phase, args, out)
-        self.events.append(GemmEvent(self._phase, self._pass, role, layer, str(func), tuple(out.shape),
-                                     gemm_flops(func, args, out)))
+        shape = tuple(out.shape)
+        # torch.utils.flop_counter's convention, 2*m*k*n (bias ignored): k is the last dim of the first operand,
+        # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
+        self._raw.append((self._phase, self._pass, role, layer, func, shape, 2 * args[-2].shape[-1] * math.prod(shape)))
 
     def figures(self) -> dict[str, Any]:
-        forward = sum(e.flops for e in self.events if e.phase == "forward")
-        total = sum(e.flops for e in self.events)
+        events = self.events
+        forward = sum(e.flops for e in events if e.phase == "forward")
+        total = sum(e.flops for e in events)
         return {
             "flops_actual": total,
             "flops_forward": forward,
             "flops_backward": total - forward,
-            "gemm_count": len(self.events),
-            "gemms_unattributed": sum(1 for e in self.events if e.layer is None or e.role == "unknown"),
-            "gemms_by_role": dict(Counter(e.role for e in self.events)),
+            "gemm_count": len(events),
+            "gemms_unattributed": sum(1 for e in events if e.layer is None or e.role == "unknown"),
+            "gemms_by_role": dict(Counter(e.role for e in events)),
         }
 
     def observations(self) -> dict[str, Any]:

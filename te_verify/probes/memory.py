@@ -2,8 +2,8 @@
 
 On GPU: the CUDA allocator's figures (`max_memory_allocated` after `reset_peak_memory_stats`), minus what was
 allocated when the probe was entered. On CPU: the shared Watcher's tracker of live storages allocated during
-the run (weakref finalizers on the storages; bytes are storage bytes, no allocator rounding). Memory that
-existed before the run (parameters, the input, the output cotangent) is not counted in either, so the figures
+the run (a weakref callback per storage untracks it when freed; bytes are storage bytes, no allocator
+rounding). Memory that existed before the run (parameters, the input, the output cotangent) is not counted in either, so the figures
 are what the run itself added. `torch.distributed._tools.mem_tracker.MemTracker` is not used: in torch 2.13
 it raises on frozen parameters (unconditional `register_hook`, mem_tracker.py:603).
 

@@ -73,12 +73,18 @@ class SavedTensorsProbe:
     name = "saved"
 
     def __init__(self) -> None:
-        self.items: list[SavedItem] = []
+        # SavedItem fields as tuples while the run goes (cheap to make in the hook), SavedItems once asked for.
+        self._raw: list[tuple] = []
         self._watcher: Watcher | None = None
         self._hooks = None
 
+    @property
+    def items(self) -> list[SavedItem]:
+        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype))
+                for key, new, storage_bytes, tensor_bytes, shape, dtype in self._raw]
+
     def __enter__(self) -> "SavedTensorsProbe":
-        self.items = []
+        self._raw = []
         self._watcher = dispatch.subscribe(self)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
@@ -93,20 +99,23 @@ class SavedTensorsProbe:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if is_real(t):
-            self.items.append(SavedItem(self._watcher.key(t), self._watcher.is_new(t), t.untyped_storage().nbytes(),
-                                        t.numel() * t.element_size(), tuple(t.shape), str(t.dtype)))
+            storage = t.untyped_storage()
+            key = self._watcher.key_of_storage(storage)
+            self._raw.append((key, type(key) is int, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape),
+                              t.dtype))
         return t
 
-    def new_storages(self) -> list[SavedAttribution]:
+    def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:
         """Deduplicated new saved storages, attributed to layers."""
         first_by_key: dict[Any, SavedItem] = {}
-        for item in self.items:
+        for item in self.items if items is None else items:
             if item.new:
                 first_by_key.setdefault(item.key, item)
         return [attribute_saved(item, self._watcher.layers) for item in first_by_key.values()]
 
     def figures(self) -> dict[str, Any]:
-        kept = self.new_storages()
+        items = self.items
+        kept = self.new_storages(items)
         by_layer: dict[str, int] = {}
         for a in kept:
             label = f"{a.kind}@{a.layer}" if a.layer is not None else f"{a.kind}@?"
@@ -114,13 +123,14 @@ class SavedTensorsProbe:
         return {
             "saved_bytes_actual": sum(a.nbytes for a in kept),
             "saved_count_actual": len(kept),
-            "saved_bytes_raw": sum(i.tensor_bytes for i in self.items),
-            "saved_count_raw": len(self.items),
+            "saved_bytes_raw": sum(i.tensor_bytes for i in items),
+            "saved_count_raw": len(items),
             "saved_by_layer": by_layer,
         }
 
     def observations(self) -> dict[str, Any]:
-        return {"saved_items": list(self.items), "saved_storages": self.new_storages()}
+        items = self.items
+        return {"saved_items": items, "saved_storages": self.new_storages(items)}
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
