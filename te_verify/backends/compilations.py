@@ -5,7 +5,8 @@ import sys
 
 
 def count_compilations(fn) -> int | None:
-    """None for callables that are neither thunder-jitted nor torch.compile'd."""
+    """None for callables that are neither thunder-jitted nor torch.compile'd (nor wrap one in __wrapped__)."""
+    fn = getattr(fn, "__wrapped__", fn)
     if "thunder" in sys.modules:
         thunder = sys.modules["thunder"]
         try:
