@@ -44,7 +44,7 @@ def named_masks(n: int) -> dict[str, tuple[bool, ...]]:
     }
 
 
-def _dedupe(specs: list[CaseSpec]) -> list[CaseSpec]:
+def dedupe(specs: list[CaseSpec]) -> list[CaseSpec]:
     seen: dict[str, CaseSpec] = {}
     for spec in specs:
         seen.setdefault(spec.id, spec)
@@ -60,7 +60,7 @@ def freeze_specs(tier: str) -> list[CaseSpec]:
     if tier == "nightly":  # every mask again on the non-square stack, 3-D, bf16, and with a second seed
         specs += [CaseSpec("freeze", NON_SQUARE4, m, m, x, (4, 6), dtype, seed=seed)
                   for m in masks for x in x_grads for dtype in ("fp32", "bf16") for seed in (0, 1)]
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def shapes_specs(tier: str) -> list[CaseSpec]:
@@ -77,7 +77,7 @@ def shapes_specs(tier: str) -> list[CaseSpec]:
             mask = named_masks(n)[pattern]
             for batch in batches:
                 specs.append(CaseSpec("shapes", widths, mask, mask, pattern == "suffix", batch))
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def bias_specs(tier: str) -> list[CaseSpec]:
@@ -92,7 +92,7 @@ def bias_specs(tier: str) -> list[CaseSpec]:
     specs = [CaseSpec("bias", SQUARE4, w, b) for w, b in pairs]
     specs += [CaseSpec("bias", NON_SQUARE4, w, b, True) for w, b in pairs]
     specs += [CaseSpec("bias", SQUARE4, alt, None), CaseSpec("bias", NON_SQUARE4, every, None, True)]
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def dtype_specs(tier: str) -> list[CaseSpec]:
@@ -104,7 +104,7 @@ def dtype_specs(tier: str) -> list[CaseSpec]:
         for pattern in patterns:
             mask = named_masks(4)[pattern]
             specs.append(CaseSpec("dtype", widths, mask, mask, True, (4, 6), "bf16"))
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def replay_specs(tier: str) -> list[CaseSpec]:
@@ -118,7 +118,7 @@ def replay_specs(tier: str) -> list[CaseSpec]:
         specs.append(CaseSpec("replay", NON_SQUARE4, named_masks(4)["alternating"], None, True, (4, 6), "bf16", 3))
     # Replays after a plain training step (the first backward compiled without retain_graph).
     specs += [s.replace(warmup_steps=1) for s in specs if s.replays == 2]
-    return _dedupe(specs)
+    return dedupe(specs)
 
 
 def timing_specs(tier: str) -> list[CaseSpec]:
@@ -126,7 +126,7 @@ def timing_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     timings = ("before", "after", "unfreeze_after")
     patterns = ("alternating", "prefix") if tier != "smoke" else ("alternating",)
-    return _dedupe([CaseSpec("timing", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (8,), "fp32", 1, t)
+    return dedupe([CaseSpec("timing", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (8,), "fp32", 1, t)
                     for p in patterns for t in timings])
 
 
