@@ -65,3 +65,30 @@ def test_external_backend_runs_the_whole_pr_matrix(tmp_path):
     torch_lane = sum(len(gen("pr")) for gen in FAMILIES.values())
     passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
     assert len(passed) == torch_lane
+
+
+def _expectations(tmp_path: Path, prefix: str) -> Path:
+    folder = tmp_path / "expectations"
+    folder.mkdir()
+    (folder / "eager.toml").write_text(
+        f'[[xfail]]\nprefix = "{prefix}"\nreason = "planted"\nlink = "https://example.org/planted"\n')
+    return folder
+
+
+def test_unexpected_pass_fails_naming_the_entry_to_remove(tmp_path):
+    passing = FAMILIES["freeze"]("smoke")[0].id
+    folder = _expectations(tmp_path, passing)
+    proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder),
+                      "--report-dir", str(tmp_path / "report"))
+    assert proc.returncode == 1
+    assert f"{folder / 'eager.toml'}:1" in proc.stdout and passing in proc.stdout
+    rows = json.loads((tmp_path / "report" / "results.json").read_text())["rows"]
+    xpassed = [r for r in rows if r["outcome"] == "xpassed"]
+    assert len(xpassed) == 1 and xpassed[0]["expectation"]["prefix"] == passing
+
+
+def test_stale_expectation_warns_at_the_end(tmp_path):
+    folder = _expectations(tmp_path, "lin9-no-such-case")
+    proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
+    assert proc.returncode == 0
+    assert "stale expectation" in proc.stdout and "lin9-no-such-case" in proc.stdout
