@@ -150,9 +150,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = config.stash[SESSION]
     for item in items:
         run = _case_of(item)
-        if run is None:
-            continue
-        entry = match(session.expectations, run.backend_name, run.spec.id, item.nodeid, session.env)
+        backend = run.backend_name if run else _drawn_backend(item)
+        case_id = run.spec.id if run else item.name  # tests drawing their own specs match by nodeid entries
+        entry = match(session.expectations, backend, case_id, item.nodeid, session.env)
         if entry is not None:
             item.add_marker(mark_for(entry))
             item.stash[EXPECTATION] = entry

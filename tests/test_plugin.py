@@ -92,3 +92,14 @@ def test_stale_expectation_warns_at_the_end(tmp_path):
     proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
     assert proc.returncode == 0
     assert "stale expectation" in proc.stdout and "lin9-no-such-case" in proc.stdout
+
+
+def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
+    folder = tmp_path / "expectations"
+    folder.mkdir()
+    (folder / "eager.toml").write_text('[[xfail]]\nnodeid = "cases/test_generated.py::test_generated[eager]"\n'
+                                       'reason = "planted"\nlink = "https://example.org/planted"\n')
+    proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "eager", "--max-examples", "3",
+                      "--expectations", str(folder), "-rA")
+    assert proc.returncode == 1 and "XPASS(strict)" not in proc.stdout  # the plugin rewrites it to name the entry
+    assert f"{folder / 'eager.toml'}:1" in proc.stdout and "stale expectation" not in proc.stdout
