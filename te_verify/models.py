@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -44,15 +45,16 @@ def make_inputs(spec: CaseSpec, batch_shape: tuple[int, ...] | None = None) -> C
     return CaseInputs(x.requires_grad_(spec.input_requires_grad), grad_output)
 
 
-def set_frozen(model: torch.nn.Module, weight_frozen: tuple[bool, ...], bias_frozen: tuple[bool, ...] | None) -> None:
-    """Apply freeze masks to the linear layers of `model`, in order."""
-    linears = [m for m in model.modules() if hasattr(m, "weight") and isinstance(getattr(m, "weight"), torch.nn.Parameter)]
-    for i, layer in enumerate(linears):
+def set_frozen(layers: Iterable[torch.nn.Module], weight_frozen: tuple[bool, ...],
+               bias_frozen: tuple[bool, ...] | None) -> None:
+    """Apply freeze masks to linear layers, in order (a built model iterates its layers; wrappers expose theirs)."""
+    for i, layer in enumerate(layers):
         layer.weight.requires_grad_(not weight_frozen[i])
         if bias_frozen is not None and getattr(layer, "bias", None) is not None:
             layer.bias.requires_grad_(not bias_frozen[i])
 
 
-def unfreeze_all(model: torch.nn.Module) -> None:
-    for p in model.parameters():
-        p.requires_grad_(True)
+def unfreeze_all(layers: Iterable[torch.nn.Module]) -> None:
+    for layer in layers:
+        for p in layer.parameters():
+            p.requires_grad_(True)

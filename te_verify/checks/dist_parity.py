@@ -5,32 +5,11 @@ so does a gradient where eager has None (a frozen parameter must end without one
 """
 from __future__ import annotations
 
-from te_verify.checks.parity import compare_tensor, worst_errors
+from te_verify.checks.parity import grad_mismatches, worst_errors
+from te_verify.checks.presence import presence_problems
 from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
-
-
-def _presence_problems(ref: dict, got: dict) -> list[str]:
-    problems = []
-    for name, ref_grad in ref.items():
-        got_grad = got.get(name)
-        if ref_grad is not None and got_grad is None:
-            problems.append(f"{name}: gradient is None, eager has one")
-        elif ref_grad is None and got_grad is not None:
-            problems.append(f"{name}: has a gradient, eager has None (frozen or not needed)")
-    return problems
-
-
-def _value_problems(ref: dict, got: dict, tol: Tolerance) -> list[str]:
-    problems = []
-    for name, ref_grad in ref.items():
-        got_grad = got.get(name)
-        if ref_grad is not None and got_grad is not None:
-            msg = compare_tensor(f"grad of {name}", ref_grad, got_grad, tol)
-            if msg:
-                problems.append(msg)
-    return problems
 
 
 def dist_grad_parity(case_id: str, backend: str, ref: Record, ranks: list[Record], tol: Tolerance) -> Verdict:
@@ -43,7 +22,7 @@ def dist_grad_parity(case_id: str, backend: str, ref: Record, ranks: list[Record
         if got.error is not None or not got.grads:
             problems.append(f"rank {rank}: did not complete: {str(got.error).strip().splitlines()[-1:]}")
             continue
-        found = _presence_problems(ref.grads[-1], got.grads[-1]) + _value_problems(ref.grads[-1], got.grads[-1], tol)
+        found = presence_problems(ref.grads[-1], got.grads[-1]) + grad_mismatches(ref.grads[-1], got.grads[-1], tol, "")
         problems += [f"rank {rank}: {p}" for p in found]
         a, r = worst_errors(ref.grads[-1], got.grads[-1])
         abs_err, rel_err = max(abs_err, a), max(rel_err, r)

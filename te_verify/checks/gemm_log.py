@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from te_verify.checks.verdict import Verdict, waste_ratio
-from te_verify.oracle import graph_exists, required_flops, required_saved
+from te_verify.oracle import graph_exists, input_needs_grad, required_flops, required_saved, trainable_masks
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -24,20 +24,9 @@ UNKNOWN = "unknown"
 
 def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
     """Layer label -> backward roles required ("dgrad", "wgrad", "bgrad"), from the masks in force at backward."""
-    weight_frozen, bias_frozen = spec.frozen_after_prepare()
-    upstream_trainable = spec.input_requires_grad
-    roles: dict[str, set[str]] = {}
-    for i in range(spec.n_layers):
-        need = set()
-        if upstream_trainable:
-            need.add("dgrad")
-        if not weight_frozen[i]:
-            need.add("wgrad")
-        if bias_frozen is not None and not bias_frozen[i]:
-            need.add("bgrad")
-        roles[str(i)] = need
-        upstream_trainable = upstream_trainable or not weight_frozen[i] or (bias_frozen is not None and not bias_frozen[i])
-    return roles
+    weights, biases = trainable_masks(spec)
+    return {str(i): {role for role, needed in (("dgrad", needs), ("wgrad", weights[i]), ("bgrad", biases[i])) if needed}
+            for i, needs in enumerate(input_needs_grad(spec))}
 
 
 def _why(role: str) -> str:

@@ -38,7 +38,7 @@ def grad_mismatches(ref: dict, got: dict, tol: Tolerance, label: str) -> list[st
         got_grad = got.get(name)
         if ref_grad is None or got_grad is None:
             continue  # None-ness is the presence check's job
-        msg = compare_tensor(f"{label} grad of {name}", ref_grad, got_grad, tol)
+        msg = compare_tensor(f"{label} grad of {name}".strip(), ref_grad, got_grad, tol)
         if msg:
             problems.append(msg)
     return problems
@@ -61,4 +61,4 @@ def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Toler
     if not problems:
         return Verdict("grad_parity", True, figures=figures)
     head = f"[{case_id}] backend {backend}: gradient parity vs {ref.backend} failed"
-    return Verdict("grad_parity", False, "; ".join([head, *(p.strip() for p in problems)]), figures)
+    return Verdict("grad_parity", False, "; ".join([head, *problems]), figures)

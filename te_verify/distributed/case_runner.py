@@ -7,8 +7,8 @@ batch. Collectives are counted and the gathered-parameter timeline recorded whil
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,7 @@ from torch import nn
 
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Wrapped, WrapperError, wrap
-from te_verify.models import build_model, make_inputs
+from te_verify.models import build_model, make_inputs, set_frozen, unfreeze_all
 from te_verify.spec import CaseSpec
 
 
@@ -44,35 +44,18 @@ class RankOutcome:
     collectives: list[tuple[str, int, str]]
     # (event, boundary, gathered bytes per layer) in backward order; empty when not observable.
     timeline: list[tuple[str, int, list[int]]]
-    # Full parameter bytes per layer.
-    layer_bytes: list[int]
-    # Which layers' params require grad at backward: per layer (weight, bias-or-None).
-    trainable: list[tuple[bool, bool | None]] = field(default_factory=list)
-
-
-def apply_freeze(layers: list[nn.Module], weight_frozen: tuple[bool, ...], bias_frozen: tuple[bool, ...] | None) -> None:
-    for i, layer in enumerate(layers):
-        layer.weight.requires_grad_(not weight_frozen[i])
-        if bias_frozen is not None and layer.bias is not None:
-            layer.bias.requires_grad_(not bias_frozen[i])
-
-
-def unfreeze(layers: list[nn.Module]) -> None:
-    for layer in layers:
-        for p in layer.parameters(recurse=False):
-            p.requires_grad_(True)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
     """Build, freeze before or after wrapping as the spec says, wrap."""
     model = build_model(spec)
     if spec.freeze_timing in ("before", "unfreeze_after"):
-        apply_freeze(list(model), spec.weight_frozen, spec.bias_frozen)
+        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
     wrapped = wrap_fn(model, spec)
     if spec.freeze_timing == "after":
-        apply_freeze(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
+        set_frozen(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
     elif spec.freeze_timing == "unfreeze_after":
-        unfreeze(wrapped.layers)
+        unfreeze_all(wrapped.layers)
     return wrapped
 
 
@@ -123,18 +106,4 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         input_grad=gather_batch(input_grad),
         collectives=counter.calls,
         timeline=timeline.events,
-        layer_bytes=[sum(p.numel() * p.element_size() for p in layer.parameters(recurse=False))
-                     for layer in build_model(spec)],
-        trainable=trainable_at_backward(spec),
     )
-
-
-def trainable_at_backward(spec: CaseSpec) -> list[tuple[bool, bool | None]]:
-    weight_frozen, bias_frozen = spec.frozen_after_prepare()
-    return [(not weight_frozen[i], None if bias_frozen is None else not bias_frozen[i])
-            for i in range(spec.n_layers)]
-
-
-def outcome_summary(outcome: RankOutcome) -> dict[str, Any]:
-    """JSON-able digest of an outcome (for torchrun report rows and debugging)."""
-    return {"rank": outcome.rank, "collectives": len(outcome.collectives), "timeline_events": len(outcome.timeline)}

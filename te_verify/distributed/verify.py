@@ -14,6 +14,7 @@ from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_ca
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
 from te_verify.distributed.pool import PoolResult, RankPool
 from te_verify.models import build_model
+from te_verify.oracle import input_needs_grad, trainable_masks
 from te_verify.record import INPUT_GRAD, Record
 from te_verify.runner import run_case
 from te_verify.spec import CaseSpec
@@ -30,24 +31,21 @@ def reshards_after_forward(spec: CaseSpec) -> bool:
     return bool(opts.get("reshard_after_forward", RESHARD_DEFAULTS.get(spec.dist.wrapper, False)))
 
 
-def layer_infos(spec: CaseSpec, layer_bytes: list[int]) -> list[LayerInfo]:
-    weight_frozen, bias_frozen = spec.frozen_after_prepare()
-    infos, upstream = [], spec.input_requires_grad
-    for k in range(spec.n_layers):
-        trainable = not weight_frozen[k] or (bias_frozen is not None and not bias_frozen[k])
-        infos.append(LayerInfo(layer_bytes[k], trainable, upstream))
-        upstream = upstream or trainable
-    return infos
-
-
 def param_infos(spec: CaseSpec) -> list[ParamInfo]:
-    weight_frozen, bias_frozen = spec.frozen_after_prepare()
+    weights, biases = trainable_masks(spec)
     out = []
     for k, layer in enumerate(build_model(spec)):
         for name, p in layer.named_parameters(recurse=False):
-            frozen = weight_frozen[k] if name == "weight" else bias_frozen[k]
-            out.append(ParamInfo(f"{k}.{name}", tuple(p.shape), p.element_size(), not frozen))
+            trainable = weights[k] if name == "weight" else biases[k]
+            out.append(ParamInfo(f"{k}.{name}", tuple(p.shape), p.element_size(), trainable))
     return out
+
+
+def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
+    weights, biases = trainable_masks(spec)
+    layer_bytes = [sum(p.nbytes for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
+    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs)
+            for k, needs in enumerate(input_needs_grad(spec))]
 
 
 def rank_records(backend: str, result: PoolResult) -> list[Record]:
@@ -70,8 +68,9 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     outcome: RankOutcome | None = next((o for o in result.results if o is not None), None)
     if outcome is None or result.errors:
         return verdicts
-    layers = layer_infos(spec, outcome.layer_bytes)
-    verdicts.append(gradient_volume(spec.id, backend, outcome.collectives, param_infos(spec), spec.dist.world_size))
+    params = param_infos(spec)
+    layers = layer_infos(spec, params)
+    verdicts.append(gradient_volume(spec.id, backend, outcome.collectives, params, spec.dist.world_size))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, reshards_after_forward(spec)))
     return verdicts
