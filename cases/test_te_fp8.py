@@ -13,9 +13,8 @@ from te_verify.checks.replay import replay_semantics
 from te_verify.checks.tolerances import Tolerance, tolerance_for
 from te_verify.checks.verdict import Verdict
 from te_verify.matrix_te import fp8_specs as SPECS  # noqa: F401
-from te_verify.probes.saved import SavedTensorsProbe
+from te_verify.probes import default_probes
 from te_verify.reference.fp8 import fp8_dims_ok
-from te_verify.reference.gemm_probe import GemmProbe
 from te_verify.reference.microbatch import run_mean_reduced
 
 FAMILY = "te_fp8"
@@ -43,7 +42,7 @@ def test_te_fp8(case):
     skip_unsupported(case)
     spec = case.spec
     ref = run_mean_reduced(spec, EagerBackend())
-    got = run_mean_reduced(spec, case.backend, [GemmProbe(), SavedTensorsProbe()])
+    got = run_mean_reduced(spec, case.backend, default_probes(case.backend_name))
     case.figures.update(got.figures)
     if not fp8_dims_ok((spec.batch_shape[0], min(spec.widths))):
         skip = "FP8 refuses these widths: te_eager raises, thunder_te leaves the layers to torch in fp32"

@@ -9,8 +9,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import peft_specs as SPECS  # noqa: F401
-from te_verify.probes.saved import SavedTensorsProbe
-from te_verify.reference.gemm_probe import GemmProbe
+from te_verify.probes import default_probes
 from te_verify.reference.microbatch import run_mean_reduced
 
 FAMILY = "te_peft"
@@ -21,7 +20,7 @@ def test_te_peft(case):
     skip_unsupported(case)
     spec = case.spec
     ref = run_mean_reduced(spec, EagerBackend())
-    got = run_mean_reduced(spec, case.backend, [GemmProbe(), SavedTensorsProbe()])
+    got = run_mean_reduced(spec, case.backend, default_probes(case.backend_name))
     case.figures.update(got.figures)
     verdicts = [grad_presence(spec.id, case.backend_name, ref, got),
                 grad_parity(spec.id, case.backend_name, ref, got, tolerance_for(spec, case.backend_name)),

@@ -9,8 +9,7 @@ from te_verify.checks.gemm_log import te_waste
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.tolerances import Tolerance, tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
-from te_verify.probes.saved import SavedTensorsProbe
-from te_verify.reference.gemm_probe import GemmProbe
+from te_verify.probes import default_probes
 from te_verify.reference.microbatch import run_mean_reduced
 
 FAMILY = "te_replay"
@@ -21,7 +20,7 @@ SAME_RUNTIME = Tolerance(0.0, 0.0, "thunder_te and te_eager share the reference 
 def test_te_replay(case):
     skip_unsupported(case)
     spec = case.spec
-    got = run_mean_reduced(spec, case.backend, [GemmProbe(), SavedTensorsProbe()])
+    got = run_mean_reduced(spec, case.backend, default_probes(case.backend_name))
     case.figures.update(got.figures)
     if case.backend_name == "te_eager":
         ref = run_mean_reduced(spec, EagerBackend())

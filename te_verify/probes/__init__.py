@@ -4,16 +4,25 @@ from __future__ import annotations
 from te_verify.probes.base import Probe
 
 
+TE_BACKENDS = ("te_eager", "thunder_te")
+
+
 def default_probes(backend_name: str) -> list[Probe]:
-    """The waste probes every single-process case runs under; the same set for every backend, since they
-    watch aten ops and autograd saves, which eager, thunder's torch executor and torch.compile all go through."""
-    from te_verify.probes.flops import GemmProbe
-    from te_verify.probes.memory import PeakMemoryProbe
+    """The waste probes a single-process case runs under.
+
+    Torch-lane backends: GEMMs by role (aten dispatch), saved tensors, peak memory; eager, thunder's torch
+    executor and torch.compile all go through aten. TE backends: the reference runtime's GEMM log (its GEMMs
+    by layer and role), saved tensors, and the counting wrapper around real TE's GEMM entry point (inactive on
+    the reference).
+    """
     from te_verify.probes.saved import SavedTensorsProbe
 
-    probes: list[Probe] = [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
-    if backend_name in ("te_eager", "thunder_te"):
+    if backend_name in TE_BACKENDS:
         from te_verify.probes.te_gemm import TEGemmProbe
+        from te_verify.reference.gemm_probe import GemmProbe as ReferenceGemmProbe
 
-        probes.append(TEGemmProbe())  # counts real TE's GEMMs by role; inactive on the reference runtime
-    return probes
+        return [ReferenceGemmProbe(), SavedTensorsProbe(), TEGemmProbe()]
+    from te_verify.probes.flops import GemmProbe
+    from te_verify.probes.memory import PeakMemoryProbe
+
+    return [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
