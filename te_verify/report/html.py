@@ -19,6 +19,7 @@ import jinja2
 
 from te_verify.report.repro import pytest_command, repro_filename
 from te_verify.report.results import ResultsError, load_results, write_atomic
+from te_verify.report.summary import update_worst_ratios
 
 TEMPLATES = Path(__file__).parent / "templates"
 OUTCOMES = ("passed", "failed", "error", "xpassed", "xfailed", "skipped")
@@ -94,9 +95,7 @@ def build_matrix(results: dict) -> dict[str, Any]:
         cell = cells.setdefault((family, backend), Cell(anchor(f"cell-{family}", backend)))
         cell.counts[row["outcome"]] += 1
         totals[row["outcome"]] += 1
-        for key, value in (row.get("figures") or {}).items():
-            if key.endswith("_ratio") and isinstance(value, (int, float)):
-                cell.ratios[key] = max(value, cell.ratios.get(key, value))
+        update_worst_ratios(cell.ratios, row.get("figures") or {})
         cell.rows.append(_row_view(row, tier, ids))
     for cell in cells.values():
         cell.rows.sort(key=lambda r: (OUTCOMES.index(r["outcome"]) if r["outcome"] in OUTCOMES else 0, r["case_id"] or ""))

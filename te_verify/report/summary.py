@@ -8,15 +8,20 @@ from typing import Any
 SHOWN = ("passed", "failed", "xfailed", "skipped", "error", "xpassed")
 
 
+def update_worst_ratios(worst: dict[str, float], figures: dict[str, Any]) -> None:
+    """Keep, per `*_ratio` figure, the worst (largest) numeric value seen in a cell."""
+    for key, value in figures.items():
+        if key.endswith("_ratio") and isinstance(value, (int, float)):
+            worst[key] = max(value, worst.get(key, value))
+
+
 def cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """(family, backend) -> {"counts": {outcome: n}, "ratios": {figure: worst}}."""
     table: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"counts": defaultdict(int), "ratios": {}})
     for row in rows:
         cell = table[(row.get("family", "?"), row.get("backend", "?"))]
         cell["counts"][row["outcome"]] += 1
-        for key, value in (row.get("figures") or {}).items():
-            if key.endswith("_ratio") and isinstance(value, (int, float)):
-                cell["ratios"][key] = max(value, cell["ratios"].get(key, value))
+        update_worst_ratios(cell["ratios"], row.get("figures") or {})
     return table
 
 
