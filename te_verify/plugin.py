@@ -21,10 +21,8 @@ from te_verify.backends.registry import BackendError, TIER_DEFAULTS, lane_of, re
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
 from te_verify.matrix import TierError, check_tier
-from te_verify.report.html import render_html
-from te_verify.report.repro import repro_hint, write_repros
-from te_verify.report.results import write_results
-from te_verify.report.summary import render_summary
+from te_verify.report.repro import repro_hint
+from te_verify.report.writer import write_report
 
 ROW_KEY = "te_verify_row"
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,14 +257,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     results = {"schema_version": 1, "header": state.header(), "rows": state.rows}
     write_report(Path(report_dir), results, {b.name: n for n, b in state.backends.items()})
-
-
-def write_report(report_dir: Path, results: dict, backend_paths: dict[str, str]) -> None:
-    """results.json, summary.md, report.html and one repro script per failed case."""
-    write_results(report_dir / "results.json", results["header"], results["rows"])
-    (report_dir / "summary.md").write_text(render_summary(results))
-    render_html(results, report_dir / "report.html")
-    write_repros(results, report_dir, backend_paths=backend_paths)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(args: argparse.Namespace, rows: list[dict], started: str) -> None:
     from te_verify import compat, environment
-    from te_verify.report.results import write_results
+    from te_verify.report.writer import write_report
 
     failed = sum(r["outcome"] == "failed" for r in rows)
     print(f"te_verify.distributed: {len(rows)} cases, {failed} failed")
@@ -80,7 +80,7 @@ def write(args: argparse.Namespace, rows: list[dict], started: str) -> None:
               "argv": sys.argv, "versions": environment.versions(), "device": environment.device(),
               "te_impl": {"name": "-", "why": "distributed lane uses torch.nn.Linear"}, "compat": list(compat.APPLIED),
               "backends": {}}
-    path = write_results(Path(args.report_dir) / "results.json", header, rows)
+    path = write_report(Path(args.report_dir), {"schema_version": 1, "header": header, "rows": rows})
     print(f"te_verify.distributed: wrote {path}")
 
 
