@@ -14,15 +14,22 @@ def _version(dist: str) -> str:
         return "absent: not installed"
 
 
-def transformer_engine_status() -> str:
-    """TE's version when `transformer_engine.pytorch` imports, else "absent: <TE's own reason>"."""
+def transformer_engine_version() -> str | None:
+    """The installed transformer-engine version (read from its metadata, without importing TE)."""
     try:
-        import transformer_engine  # noqa: F401
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as exc:  # TE raises ImportError, RuntimeError or OSError when CUDA libraries are missing
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"absent: {type(exc).__name__}: {reason}"
-    return _version("transformer-engine")
+        return importlib.metadata.version("transformer_engine")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def transformer_engine_status() -> str:
+    """The installed TE and what serves the TE families in this run (the active --te-impl)."""
+    from te_verify import te_api
+
+    impl = te_api.active()
+    version = transformer_engine_version()
+    installed = version if version else "absent: not installed"
+    return installed if impl.runs_te_python else f"{installed} (not under test: --te-impl {impl.name})"
 
 
 def device() -> str:

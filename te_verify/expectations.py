@@ -2,9 +2,11 @@
 
     # expectations/thunder_te.toml
     [[xfail]]
-    prefix = "lin4-w32.32.32.32.32-freeze1010"    # case-id prefix (or nodeid = "<pytest node-id prefix>")
+    prefix = "lin4-w32.32.32.32.32-freeze1010"    # case-id prefix; or glob = "lin4-*-fp8delayed" (fnmatch on the
+                                                  # case id); or nodeid = "<pytest node-id prefix>"
     reason = "thunder's TE executor computes wgrad for frozen weights"
     link = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
+    failure = "(frozen weight): 1 wgrad GEMM"     # optional: text the failure must contain, else it is another bug
     device = "cuda"                               # optional: "cpu" or "cuda"
     te_version = ">=2.9,<3"                       # optional: a version range; never holds when TE is absent
 
@@ -13,12 +15,14 @@
     reason = "..."
 
 An entry applies to the cases whose backend is the file's stem. `xfail` entries are strict: an unexpected
-pass fails and names the entry to remove (`xpass_message`). Entries that match no collected case are stale
-(`stale`). `update_from_results` rewrites the files from a run's results, like `wpt update-expectations`.
+pass fails and names the entry to remove (`xpass_message`), and with `failure` a case that fails in some other
+way fails too (`failure_mismatch`). Entries that match no collected case are stale (`stale`).
+te_verify.expectations_update rewrites the files from a run's results, like `wpt update-expectations`.
 A malformed file raises ExpectationsError with a one-line message naming the file and line.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import tomllib
@@ -31,7 +35,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 STATUSES = ("xfail", "skip")
-KEYS = {"prefix", "nodeid", "reason", "link", "te_version", "device"}
+KEYS = {"prefix", "glob", "nodeid", "reason", "link", "failure", "te_version", "device"}
+SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
 _HEADER = re.compile(r"^\s*\[\[\s*([^\]\s]+)\s*\]\]")
@@ -56,7 +61,7 @@ class Expectation:
     backend: str
     # "xfail" (strict) or "skip".
     status: str
-    # Case-id prefix (matched against spec.id), or None when the entry is keyed by node id.
+    # Case-id prefix (matched against spec.id), or None when the entry is keyed otherwise.
     prefix: str | None
     # pytest node-id prefix, or None.
     nodeid: str | None
@@ -68,10 +73,14 @@ class Expectation:
     te_version: str | None = None
     # Optional device kind the entry is limited to: "cpu" or "cuda".
     device: str | None = None
+    # Case-id pattern (fnmatch), or None.
+    glob: str | None = None
+    # Text the failure message must contain for the failure to be this gap (xfail only), or None.
+    failure: str | None = None
 
     @property
     def key(self) -> str:
-        return self.prefix if self.prefix is not None else str(self.nodeid)
+        return next(v for v in (self.prefix, self.glob, self.nodeid) if v is not None)
 
     @property
     def where(self) -> str:
@@ -109,12 +118,16 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     for key, value in entry.items():
         if not isinstance(value, str):
             raise _fail(path, _key_line(text, key, line), f"{key} must be a string, got {value!r}")
-    if ("prefix" in entry) == ("nodeid" in entry):
-        raise _fail(path, line, f"[[{status}]] needs exactly one of 'prefix' (case id) or 'nodeid'")
+    selectors = [k for k in SELECTORS if k in entry]
+    if len(selectors) != 1:
+        raise _fail(path, line, f"[[{status}]] needs exactly one of 'prefix' (case id), 'glob' (case-id pattern) or 'nodeid'")
+    name = entry[selectors[0]]
     if not entry.get("reason", "").strip():
-        raise _fail(path, line, f"[[{status}]] {entry.get('prefix') or entry.get('nodeid')!r}: missing 'reason'")
+        raise _fail(path, line, f"[[{status}]] {name!r}: missing 'reason'")
     if status == "xfail" and "link" not in entry:
-        raise _fail(path, line, f"[[xfail]] {entry.get('prefix') or entry.get('nodeid')!r}: missing 'link' (upstream URL)")
+        raise _fail(path, line, f"[[xfail]] {name!r}: missing 'link' (upstream URL)")
+    if status == "skip" and "failure" in entry:
+        raise _fail(path, _key_line(text, "failure", line), f"[[skip]] {name!r}: 'failure' applies to xfail entries only")
     link = entry.get("link", "")
     if link and not link.startswith(("http://", "https://")):
         raise _fail(path, _key_line(text, "link", line), f"link {link!r} is not an http(s) URL")
@@ -127,7 +140,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
             raise _fail(path, _key_line(text, "te_version", line), f"te_version {entry['te_version']!r} is not a version range like '>=2.9,<3'") from None
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
-                       te_version=entry.get("te_version"), device=entry.get("device"))
+                       te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
+                       failure=entry.get("failure"))
 
 
 def load_file(path: Path) -> list[Expectation]:
@@ -150,7 +164,7 @@ def load_file(path: Path) -> list[Expectation]:
         index = counters[status]
         counters[status] += 1
         expectation = _check_entry(path, text, line, status, data[status][index])
-        first = seen.setdefault((expectation.status, expectation.prefix, expectation.nodeid), line)
+        first = seen.setdefault((expectation.status, expectation.key), line)
         if first != line:
             raise _fail(path, line, f"duplicate [[{status}]] {expectation.key!r}, first at line {first}")
         entries.append(expectation)
@@ -194,6 +208,8 @@ def applies(expectation: Expectation, env: dict) -> bool:
 def _covers(expectation: Expectation, case_id: str, nodeid: str) -> bool:
     if expectation.prefix is not None:
         return case_id.startswith(expectation.prefix)
+    if expectation.glob is not None:
+        return fnmatch.fnmatchcase(case_id, expectation.glob)
     return nodeid.startswith(str(expectation.nodeid))
 
 
@@ -204,10 +220,11 @@ def match(expectations: list[Expectation], backend: str, case_id: str, nodeid: s
 
 
 def current_env() -> dict:
-    """The env for `match` on this machine (imports TE to learn its version, so call it once per run)."""
-    from te_verify import environment
+    """The env for `match`: the TE version whose Python serves the TE families (None when none does)."""
+    from te_verify import environment, te_api
 
-    return {"te_version": environment.transformer_engine_status(), "device": environment.device()}
+    version = environment.transformer_engine_version() if te_api.active().runs_te_python else None
+    return {"te_version": version, "device": environment.device()}
 
 
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:
@@ -246,125 +263,16 @@ def mark_for(expectation: Expectation):
     return pytest.mark.xfail(strict=True, reason=mark_reason(expectation))
 
 
+def failure_mismatch(expectation: Expectation, failure: str) -> str | None:
+    """None when the failure is the entry's gap; else the message of a case that failed some other way."""
+    if expectation.failure is None or expectation.failure in failure:
+        return None
+    return (f"FAILED DIFFERENTLY: {expectation.where} [[{expectation.status}]] {expectation.key!r} expects a failure "
+            f"containing {expectation.failure!r} ({expectation.reason}); this one is another problem:\n{failure}")
+
+
 def xpass_message(expectation: Expectation) -> str:
     """The failure of an unexpected pass: which entry to remove, and how."""
     return (f"UNEXPECTED PASS: the case is listed as a known gap by {expectation.where} "
             f"[[{expectation.status}]] {expectation.key!r} ({expectation.reason}) but it passed; remove that entry "
             f"(or run `te-verify expectations update <report-dir>/results.json`)")
-
-
-@dataclass
-class UpdateSummary:
-    """What `update_from_results` changed."""
-
-    # (file, case id) of every xfail entry added for a new failure.
-    added: list[tuple[str, str]] = field(default_factory=list)
-    # (file:line, key) of every entry removed because all its cases passed.
-    removed: list[tuple[str, str]] = field(default_factory=list)
-    # (file:line, key, still-failing case ids) of entries replaced by per-case entries (some cases now pass).
-    narrowed: list[tuple[str, str, list[str]]] = field(default_factory=list)
-    # (backend, case id) of failures that could not be mapped to a file (backend name is not a file stem).
-    unmapped: list[tuple[str, str]] = field(default_factory=list)
-    # Files written.
-    files: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        out = [f"added {file}: xfail {case!r} ({UNTRIAGED})" for file, case in self.added]
-        out += [f"removed {where}: {key!r} (its cases pass now)" for where, key in self.removed]
-        out += [f"narrowed {where}: {key!r} -> {len(ids)} case entries still failing" for where, key, ids in self.narrowed]
-        out += [f"skipped backend {b!r}, case {c!r}: backend name is not a file stem" for b, c in self.unmapped]
-        return out or ["expectations are up to date"]
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)  # a JSON string literal is a valid TOML basic string
-
-
-def format_entry(status: str, fields: dict[str, str | None]) -> str:
-    """One `[[status]]` table with keys in a fixed order."""
-    order = ("prefix", "nodeid", "reason", "link", "te_version", "device")
-    body = [f"{k} = {_toml_str(fields[k])}" for k in order if fields.get(k) is not None]
-    return "\n".join([f"[[{status}]]", *body]) + "\n"
-
-
-def _entry_spans(lines: list[str]) -> dict[int, tuple[int, int]]:
-    """header line (1-based) -> (start, end) 0-based slice of the entry, including the comments just above it."""
-    heads = [n - 1 for n, line in enumerate(lines, 1) if _HEADER.match(line)]
-    starts = []
-    for head in heads:
-        start = head
-        while start > 0 and lines[start - 1].lstrip().startswith("#"):
-            start -= 1
-        starts.append(start)
-    ends = starts[1:] + [len(lines)]
-    return {head + 1: (start, end) for head, start, end in zip(heads, starts, ends)}
-
-
-def _rewrite(path: Path, replace: dict[int, str], append: list[str]) -> None:
-    """Replace the entries at the given header lines (text "" removes one) and append new entries."""
-    lines = path.read_text().splitlines() if path.exists() else [f"# Known gaps of backend {path.stem!r}; see te_verify/expectations.py."]
-    spans = _entry_spans(lines)
-    for head in sorted(replace, reverse=True):
-        start, end = spans[head]
-        lines[start:end] = replace[head].splitlines() + ([""] if replace[head] else [])
-    text = "\n".join(lines).rstrip() + "\n"
-    for entry in append:
-        text += "\n" + entry
-    path.write_text(text)
-    load_file(path)  # the rewritten file must load; a bug here must not leave a file that breaks the next run
-
-
-def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, directory: Path):
-    """Per file: {header line: replacement text} and entries to append."""
-    by_row = {(e.file, e.status, e.key): e for e in entries}
-    by_name = {(Path(e.file).name, e.status, e.key): e for e in entries}
-    outcomes: dict[Expectation, dict[str, str]] = defaultdict(dict)
-    new_failures: dict[str, list[str]] = defaultdict(list)
-    for row in rows:
-        exp_row, case_id = row.get("expectation"), row.get("case_id")
-        if exp_row:
-            key = (exp_row["file"], exp_row["status"], exp_row["prefix"])
-            entry = by_row.get(key) or by_name.get((Path(key[0]).name, key[1], key[2]))
-            if entry is not None and entry.status == "xfail" and row["outcome"] in ("xfailed", "xpassed"):
-                outcomes[entry][case_id or row["nodeid"]] = row["outcome"]
-        elif row["outcome"] in ("failed", "error") and case_id:
-            if not _STEM.match(row["backend"]):
-                summary.unmapped.append((row["backend"], case_id))
-            elif any(e.backend == row["backend"] and _covers(e, case_id, row["nodeid"]) for e in entries):
-                continue  # an entry already covers it (e.g. added by an earlier update from the same results)
-            elif case_id not in new_failures[row["backend"]]:
-                new_failures[row["backend"]].append(case_id)
-    replace: dict[Path, dict[int, str]] = defaultdict(dict)
-    for entry, results in outcomes.items():
-        still = sorted(c for c, outcome in results.items() if outcome != "xpassed")
-        if len(still) == len(results):
-            continue
-        replace[Path(entry.file)][entry.line] = "".join(
-            format_entry("xfail", {**vars(entry), "prefix": case, "nodeid": None}) for case in still)
-        if still:
-            summary.narrowed.append((entry.where, entry.key, still))
-        else:
-            summary.removed.append((entry.where, entry.key))
-    append: dict[Path, list[str]] = defaultdict(list)
-    for backend, case_ids in new_failures.items():
-        path = directory / f"{backend}.toml"
-        for case_id in case_ids:
-            append[path].append(format_entry("xfail", {"prefix": case_id, "reason": UNTRIAGED, "link": ""}))
-            summary.added.append((str(path), case_id))
-    return replace, append
-
-
-def update_from_results(results_json: Path, directory: Path) -> UpdateSummary:
-    """Rewrite `directory/*.toml` from a run: add xfail entries (reason "TODO: triage", link "") for failures
-    no entry covers, remove xfail entries whose cases all passed (xpassed), narrow entries of which only some
-    cases passed to per-case entries. Reasons, links, conditions, comments and skip entries are kept."""
-    directory = Path(directory)
-    rows = json.loads(Path(results_json).read_text())["rows"]
-    entries = load_expectations(directory)
-    summary = UpdateSummary()
-    replace, append = _plan(rows, entries, summary, directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in sorted(set(replace) | set(append)):
-        _rewrite(path, replace.get(path, {}), append.get(path, []))
-        summary.files.append(str(path))
-    return summary

@@ -68,7 +68,8 @@ def replay_specs(tier: str) -> list[CaseSpec]:
 def contract_specs(tier: str) -> list[CaseSpec]:
     """Contract (seed 002): module kind x config x 2/3 microbatches (high precision; te_eager)."""
     check_tier(tier)
-    kinds = ("linear",) if tier == "smoke" else ("linear", "grouped_linear", "grouped_mlp")
+    kinds = ("linear",) if tier == "smoke" else ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear",
+                                                 "grouped_mlp")
     mbs = (2,) if tier == "smoke" else (2, 3)
     mask = (False, True, False, False)
     return dedupe([CaseSpec("te_contract", NARROW4, mask, mask, True, (16,),
@@ -89,8 +90,29 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
             for rec in recipes:
                 specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
                                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
+    # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
+    tied_mbs = (1,) if tier == "smoke" else (1, 2)
+    specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),
+                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb, tied=(1, 2)))
+              for mb in tied_mbs for rec in recipes]
     return dedupe(specs)
 
 
+MOE_WIDTHS = (32, 32)
+MOE_ROWS = (64,)  # 16 rows per expert: an FP8 wgrad GEMM reduces over the rows, which must be a multiple of 16
+
+
+def moe_specs(tier: str) -> list[CaseSpec]:
+    """MoE PEFT: one TE GroupedLinear of 4 experts (equal row shares), a subset of experts frozen."""
+    check_tier(tier)
+    frozen = ((1,), ()) if tier == "smoke" else ((1,), (0, 2), (), (0, 1, 2, 3))
+    recipes = ("delayed",) if tier == "smoke" else ("delayed", None)
+    modules = ("grouped_linear",) if tier == "smoke" else ("grouped_linear", "ops_grouped_linear")
+    xs = (False,) if tier == "smoke" else (False, True)
+    return dedupe([CaseSpec("te_moe", MOE_WIDTHS, (False,), (False,), x, MOE_ROWS,
+                            te=TEConfig(rec, module, experts=4, frozen_experts=f))
+                   for f in frozen for rec in recipes for module in modules for x in xs])
+
+
 FAMILIES = {"te_fp8": fp8_specs, "te_peft": peft_specs, "te_replay": replay_specs,
-            "te_contract": contract_specs, "te_delayed": delayed_specs}
+            "te_contract": contract_specs, "te_delayed": delayed_specs, "te_moe": moe_specs}

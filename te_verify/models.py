@@ -19,19 +19,50 @@ class CaseInputs:
     grad_output: torch.Tensor
 
 
+class Experts(torch.nn.Module):
+    """One MoE layer without routing: expert k ("e<k>") multiplies the k-th equal share of the rows.
+
+    `frozen_experts` are kept frozen by set_frozen whatever the layer's mask says (MoE PEFT)."""
+
+    def __init__(self, experts: list[torch.nn.Linear], frozen_experts: tuple[int, ...]) -> None:
+        super().__init__()
+        for k, expert in enumerate(experts):
+            self.add_module(f"e{k}", expert)
+        self.frozen_experts = frozen_experts
+
+    @property
+    def experts(self) -> list[torch.nn.Linear]:
+        return list(self.children())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        chunks = rows.chunk(len(self.experts))
+        out = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])
+        return out.reshape(*x.shape[:-1], -1)
+
+
+def _seeded_linear(fan_in: int, fan_out: int, bias: bool, gen: torch.Generator, dtype: torch.dtype) -> torch.nn.Linear:
+    layer = torch.nn.Linear(fan_in, fan_out, bias=bias)
+    bound = fan_in ** -0.5  # nn.Linear's default init range, drawn from our own generator
+    with torch.no_grad():
+        layer.weight.uniform_(-bound, bound, generator=gen)
+        if layer.bias is not None:
+            layer.bias.uniform_(-bound, bound, generator=gen)
+    return layer.to(dtype)
+
+
 def build_model(spec: CaseSpec) -> torch.nn.Sequential:
-    """A stack of torch.nn.Linear layers named "0", "1", ...; weights drawn from `spec.seed`, all trainable."""
+    """A stack of torch.nn.Linear layers (or Experts of them) named "0", "1", ...; weights drawn from
+    `spec.seed`, all trainable."""
     gen = torch.Generator().manual_seed(spec.seed)
     dtype = TORCH_DTYPES[spec.dtype]
+    experts = spec.te.experts if spec.te is not None else 1
     layers = []
     for fan_in, fan_out in zip(spec.widths, spec.widths[1:]):
-        layer = torch.nn.Linear(fan_in, fan_out, bias=spec.has_bias)
-        bound = fan_in ** -0.5  # nn.Linear's default init range, drawn from our own generator
-        with torch.no_grad():
-            layer.weight.uniform_(-bound, bound, generator=gen)
-            if layer.bias is not None:
-                layer.bias.uniform_(-bound, bound, generator=gen)
-        layers.append(layer.to(dtype))
+        group = [_seeded_linear(fan_in, fan_out, spec.has_bias, gen, dtype) for _ in range(experts)]
+        layers.append(group[0] if experts == 1 else Experts(group, spec.te.frozen_experts))
+    for i in (spec.te.tied[1:] if spec.te is not None else ()):
+        layers[i].weight = layers[spec.te.tied[0]].weight  # tied: one Parameter, used by every listed layer
     return torch.nn.Sequential(*layers)
 
 
@@ -49,9 +80,11 @@ def set_frozen(layers: Iterable[torch.nn.Module], weight_frozen: tuple[bool, ...
                bias_frozen: tuple[bool, ...] | None) -> None:
     """Apply freeze masks to linear layers, in order (a built model iterates its layers; wrappers expose theirs)."""
     for i, layer in enumerate(layers):
-        layer.weight.requires_grad_(not weight_frozen[i])
-        if bias_frozen is not None and getattr(layer, "bias", None) is not None:
-            layer.bias.requires_grad_(not bias_frozen[i])
+        for k, linear in enumerate(getattr(layer, "experts", [layer])):
+            frozen_expert = k in getattr(layer, "frozen_experts", ())
+            linear.weight.requires_grad_(not (weight_frozen[i] or frozen_expert))
+            if bias_frozen is not None and getattr(linear, "bias", None) is not None:
+                linear.bias.requires_grad_(not (bias_frozen[i] or frozen_expert))
 
 
 def unfreeze_all(layers: Iterable[torch.nn.Module]) -> None:

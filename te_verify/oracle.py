@@ -7,12 +7,13 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
   reduction, not a GEMM): iff the bias is trainable;
 - saved for backward: the layer input iff wgrad is needed; the weight's FP8/transposed copy iff dgrad is
   needed. Only new allocations count: a plain layer-0 input is the model input and a plain weight is a
-  parameter, so neither counts; in FP8 cases both are new quantized copies (1 byte per element). Checked
-  against the reference runtime (tests/test_te_waste.py): its copies are float8 tensors of exactly these sizes.
-  Per-tensor scales are not copies and are not counted: the reference keeps them in one 3-element fp32 `meta`
-  per layer (FP8 flag, input and weight scale_inv), made from Python data and so invisible to probes.saved;
-  real TE keeps a 4-byte fp32 scale_inv beside each Float8Tensor's data.
+  parameter, so neither counts; in FP8 cases both are new quantized copies in TE's per-tensor format: one
+  layout of the data (1 byte per element: the columnwise copy the backward GEMM reads on sm90, the rowwise one
+  on sm100) and its scale_inv (one fp32 element in its own storage), so two storages per copy.
 - every backward replay repeats the backward GEMMs; the forward runs once.
+- experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
+  of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
+  input needs grad iff the model input does or an earlier layer's expert k is trainable.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from te_verify.spec import CaseSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
-FP8_BYTES = 1  # an FP8 copy holds one byte per element (its per-tensor scale is not counted; see above)
+FP8_BYTES = 1  # an FP8 copy's data holds one byte per element
+SCALE_INV_BYTES = 4  # and its per-tensor scale_inv one fp32 element, in a storage of its own
 BACKWARD_ROLES = ("dgrad", "wgrad")
 
 
@@ -36,6 +38,49 @@ class RequiredSaved:
     count: int
     # (layer, "input" | "weight_copy", bytes) per required tensor.
     items: tuple[tuple[int, str, int], ...]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One linear site: a layer, or one expert of a grouped layer."""
+
+    # "2" for layer 2, "2.e1" for its expert 1 (the module names of the model's parameters).
+    label: str
+    layer: int
+    # Rows it multiplies, and its weight's in/out features.
+    rows: int
+    fan_in: int
+    fan_out: int
+    # Trainable weight and bias, as in force during backward.
+    weight_trainable: bool
+    bias_trainable: bool
+    # Does its input need a gradient (so its dgrad GEMM is required)?
+    input_needs_grad: bool
+
+    def roles(self) -> set[str]:
+        """Backward roles required per pass."""
+        return {r for r, needed in (("dgrad", self.input_needs_grad), ("wgrad", self.weight_trainable),
+                                    ("bgrad", self.bias_trainable)) if needed}
+
+    def gemm_flops(self) -> int:
+        return 2 * self.rows * self.fan_in * self.fan_out
+
+
+def sites(spec: CaseSpec) -> list[Site]:
+    """Every linear site, layer-major; one per layer without experts."""
+    weights, biases = trainable_masks(spec)
+    experts = spec.te.experts if spec.te is not None else 1
+    frozen = set(spec.te.frozen_experts) if spec.te is not None else set()
+    rows = math.prod(spec.batch_shape) // experts
+    upstream = [spec.input_requires_grad] * experts
+    out = []
+    for i in range(spec.n_layers):
+        for k in range(experts):
+            w, b = weights[i] and k not in frozen, biases[i] and k not in frozen
+            label = str(i) if experts == 1 else f"{i}.e{k}"
+            out.append(Site(label, i, rows, spec.widths[i], spec.widths[i + 1], w, b, upstream[k]))
+            upstream[k] = upstream[k] or w or b
+    return out
 
 
 def trainable_masks(spec: CaseSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -71,8 +116,7 @@ def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
 
 def graph_exists(spec: CaseSpec) -> bool:
     """Whether the output needs grad at all (if not, backward raises and does no work)."""
-    weights, biases = trainable_masks(spec)
-    return spec.input_requires_grad or any(weights) or any(biases)
+    return spec.input_requires_grad or any(s.weight_trainable or s.bias_trainable for s in sites(spec))
 
 
 def required_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
@@ -95,23 +139,37 @@ def gemm_flops(spec: CaseSpec, layer: int) -> int:
 
 
 def required_flops(spec: CaseSpec) -> int:
-    return sum(gemm_flops(spec, layer) for layer, _ in required_gemms(spec))
+    """fprop of every site once, and each backward pass's required dgrad and wgrad GEMMs."""
+    replays = spec.replays if graph_exists(spec) else 0
+    return sum(s.gemm_flops() * (1 + replays * len(s.roles() - {"bgrad"})) for s in sites(spec))
+
+
+def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
+    """Site label -> backward roles required ("dgrad", "wgrad", "bgrad"), from the masks in force at backward."""
+    return {s.label: s.roles() for s in sites(spec)}
+
+
+def fp8_copy_bytes(site: Site, kind: str) -> int:
+    """Bytes of one FP8 copy backward reads: one layout of the data and its scale_inv ("input" or "weight")."""
+    elements = site.rows * site.fan_in if kind == "input" else site.fan_in * site.fan_out
+    return elements * FP8_BYTES + SCALE_INV_BYTES
 
 
 def required_saved(spec: CaseSpec) -> RequiredSaved:
-    """The new tensors backward needs kept (plain or FP8 by `spec.te.recipe`)."""
+    """The new tensors backward needs kept (plain or FP8 by `spec.te.recipe`), per site."""
     if not graph_exists(spec):
         return RequiredSaved(0, 0, ())
     fp8 = spec.te is not None and spec.te.recipe is not None
-    rows = math.prod(spec.batch_shape)
-    size = FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype]
-    gemms = set(backward_gemms(spec))
     items = []
-    for i in range(spec.n_layers):
-        if (i, "wgrad") in gemms and (fp8 or i > 0):
-            items.append((i, "input", rows * spec.widths[i] * size))
-        if (i, "dgrad") in gemms and fp8:
-            items.append((i, "weight_copy", spec.widths[i] * spec.widths[i + 1] * size))
+    for s in sites(spec):
+        for kind, role, label in (("input", "wgrad", "input"), ("weight", "dgrad", "weight_copy")):
+            if role not in s.roles():
+                continue
+            if fp8:
+                data = fp8_copy_bytes(s, kind) - SCALE_INV_BYTES
+                items += [(s.layer, label, data), (s.layer, label + "_scale_inv", SCALE_INV_BYTES)]
+            elif kind == "input" and s.layer > 0:
+                items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
 
 

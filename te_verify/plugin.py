@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from te_verify import compat, environment
-from te_verify.expectations import (ExpectationsError, current_env, load_expectations, mark_for, match,
-                                    seen_in_rows, stale, stale_message, xpass_message)
+from te_verify.expectations import (ExpectationsError, current_env, failure_mismatch, load_expectations, mark_for,
+                                    match, seen_in_rows, stale, stale_message, xpass_message)
 from te_verify.backends.registry import BackendError, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
@@ -41,7 +41,11 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="backend to certify (repeatable): a built-in name or package.module:attr")
     group.addoption("--report-dir", default=None, help="write results.json, summary.md and report.html here")
     group.addoption("--max-examples", type=int, default=25, help="hypothesis examples per generated test")
-    group.addoption("--te-impl", default=None, help="TE implementation: reference, transformer_engine or package.module")
+    group.addoption("--te-impl", default=None,
+                    help="TE implementation: transformer_engine (CUDA), transformer_engine_cpu (TE's Python over the "
+                         "tex emulation; default without CUDA), reference or package.module")
+    group.addoption("--te-capability", default="sm90",
+                    help="compute capability the tex emulation reports (sm89, sm90, sm100; default sm90)")
     group.addoption("--expectations", default=str(ROOT / "expectations"),
                     help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
 
@@ -56,7 +60,7 @@ class Session:
         self.compat: set[str] = set()
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
-        self.te_impl = _activate_te_impl(config.getoption("te_impl"))  # before the TE backends are built
+        self.te_impl = _activate_te_impl(config.getoption("te_impl"), config.getoption("te_capability"))
         names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
         self.backends = {name: resolve_backend(name) for name in names}
         self.expectations = load_expectations(Path(config.getoption("expectations")))
@@ -74,7 +78,7 @@ class Session:
             "argv": list(self.config.invocation_params.args),
             "versions": environment.versions(),
             "device": environment.device(),
-            "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why},
+            "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
             "compat": sorted(self.compat | set(compat.APPLIED)),
             "backends": {b.name: _availability(b) for b in self.backends.values()},
         }
@@ -88,11 +92,12 @@ def _availability(backend) -> str:
     return "available" if ok else f"unavailable: {reason}"
 
 
-def _activate_te_impl(choice: str | None):
+def _activate_te_impl(choice: str | None, capability: str):
+    """Resolve and activate --te-impl before any backend or thunder import (checked cheaply; TE loads on use)."""
     from te_verify import te_api
 
-    impl = te_api.resolve(choice)
-    te_api.activate(impl)
+    impl = te_api.resolve(choice, capability)
+    te_api.activate(impl, capability)
     return impl
 
 
@@ -112,7 +117,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"te_verify: tier {session.tier}; backends {', '.join(session.backends)}",
         "te_verify versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"te_verify device: {environment.device()}",
-        f"te_verify TE implementation: {session.te_impl.name} ({session.te_impl.why})",
+        f"te_verify TE implementation: {session.te_impl.name}: {session.te_impl.describe} ({session.te_impl.why})",
         "te_verify compatibility steps: " + ("; ".join(compat.APPLIED) or "none"),
     ]
 
@@ -211,13 +216,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     }
     entry = item.stash.get(EXPECTATION, None)
     if entry is not None:
+        _check_failure_text(entry, report, call)
+        row["outcome"], row["reason"] = _outcome(report), _reason(report)
         row["expectation"] = entry.to_row()
+        if row["outcome"] == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
+            row["observed"] = str(call.excinfo.value)[:2000]
         if report.failed and "XPASS(strict)" in str(report.longrepr):
             report.longrepr = xpass_message(entry)
             row["outcome"], row["reason"] = "xpassed", xpass_message(entry)
     if report.failed and row["outcome"] != "xpassed":
         _add_repro_hint(item.config, report, row)
     report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
+
+
+def _check_failure_text(entry, report: pytest.TestReport, call: pytest.CallInfo) -> None:
+    """An expected failure must be the entry's gap: a case failing some other way is reported as failed."""
+    if not hasattr(report, "wasxfail") or not report.skipped or call.excinfo is None:
+        return
+    mismatch = failure_mismatch(entry, str(call.excinfo.value))
+    if mismatch is not None:
+        del report.wasxfail
+        report.outcome, report.longrepr = "failed", mismatch
 
 
 def _add_repro_hint(config: pytest.Config, report: pytest.TestReport, row: dict) -> None:

@@ -50,6 +50,8 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
                  probes: Iterable[Probe] = ()) -> Record:
     """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
     probes = list(probes)
+    for probe in probes:  # probes that attribute work to layers learn the model's parameters
+        getattr(probe, "bind", lambda m: None)(model)
     stage = 0
     try:
         warm_up(fn, model, inputs, spec.warmup_steps)

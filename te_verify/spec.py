@@ -13,7 +13,7 @@ from typing import Any
 DTYPES = ("fp32", "bf16")
 FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current")
-TE_MODULES = ("linear", "grouped_linear", "grouped_mlp")
+TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
 
@@ -45,6 +45,12 @@ class TEConfig:
     microbatches: int = 1
     # FP8 format of the recipe: "E4M3" (forward tensors and gradients) or "HYBRID" (E4M3 forward, E5M2 gradients).
     fp8_format: str = "E4M3"
+    # Layers sharing one weight (tied weights, e.g. embedding and head): the first one's Parameter is used by all.
+    tied: tuple[int, ...] = ()
+    # Experts per layer (a GroupedLinear of that many groups on equal shares of the rows; MoE); 1 = plain layers.
+    experts: int = 1
+    # Experts frozen in every layer (on top of weight_frozen): MoE PEFT.
+    frozen_experts: tuple[int, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -59,6 +65,11 @@ class TEConfig:
             parts.append(f"mb{self.microbatches}")
         if self.fp8_format != "E4M3":  # suffix only off the default, so existing ids stay
             parts.append(self.fp8_format.lower())
+        if self.tied:
+            parts.append("tied" + "_".join(map(str, self.tied)))
+        if self.experts > 1:
+            parts.append(f"moe{self.experts}" + ("-frozen" + "_".join(map(str, self.frozen_experts))
+                                                 if self.frozen_experts else ""))
         return ".".join(parts)
 
 
@@ -166,7 +177,8 @@ class CaseSpec:
         if d.get("bias_frozen") is not None:
             d["bias_frozen"] = tuple(d["bias_frozen"])
         if d.get("te") is not None:
-            d["te"] = TEConfig(**d["te"])
+            d["te"] = TEConfig(**{**d["te"], "tied": tuple(d["te"].get("tied", ())),
+                                  "frozen_experts": tuple(d["te"].get("frozen_experts", ()))})
         if d.get("dist") is not None:
             dist = dict(d["dist"])
             dist["options"] = tuple(tuple(o) for o in dist.get("options", ()))
@@ -180,6 +192,31 @@ class CaseSpec:
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise SpecError(what)
+
+
+def _check_tied(spec: CaseSpec) -> None:
+    tied = spec.te.tied
+    if not tied:
+        return
+    _check(len(tied) >= 2 and all(0 <= i < spec.n_layers for i in tied),
+           f"te.tied={tied!r}: expected two or more layer indices below {spec.n_layers}")
+    shapes = {(spec.widths[i], spec.widths[i + 1]) for i in tied}
+    _check(len(shapes) == 1, f"te.tied={tied!r}: tied layers need one weight shape, widths give {sorted(shapes)}")
+    _check(len({spec.weight_frozen[i] for i in tied}) == 1, f"te.tied={tied!r}: tied layers must be frozen alike")
+
+
+def _check_experts(spec: CaseSpec) -> None:
+    te = spec.te
+    _check(te.experts >= 1, f"te.experts={te.experts!r}: at least one")
+    _check(all(0 <= k < te.experts for k in te.frozen_experts),
+           f"te.frozen_experts={te.frozen_experts!r}: expert indices below te.experts={te.experts}")
+    if te.experts > 1:
+        _check(te.module in ("grouped_linear", "ops_grouped_linear"),
+               f"te.experts={te.experts}: experts need a grouped module, not te.module={te.module!r}")
+        rows = 1
+        for d in spec.batch_shape:
+            rows *= d
+        _check(rows % te.experts == 0, f"batch_shape={spec.batch_shape!r}: rows must split evenly over {te.experts} experts")
 
 
 def validate(spec: CaseSpec) -> None:
@@ -205,6 +242,8 @@ def validate(spec: CaseSpec) -> None:
                f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is None)")
         _check(not spec.te.grad_added_to_main_grad or spec.te.main_grad,
                "te.grad_added_to_main_grad=True needs te.main_grad=True")
+        _check_tied(spec)
+        _check_experts(spec)
     if spec.dist is not None:
         _check(spec.dist.wrapper in WRAPPERS, f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS}")
         _check(spec.dist.world_size >= 1, f"dist.world_size={spec.dist.world_size!r}: at least one rank")

@@ -1,40 +1,61 @@
-"""Which implementation serves the TE API subset: `--te-impl reference|transformer_engine|package.module`.
+"""Which implementation serves the TE families: `--te-impl transformer_engine|transformer_engine_cpu|reference|pkg.mod`.
 
-`resolve(name)` returns a TEImpl whose `api` namespace has Linear, GroupedLinear, GroupedMLP (None where the
-build has no such module), autocast(enabled, recipe=...) (both TE spellings accepted), fp8_autocast,
-DelayedScaling, Float8CurrentScaling, Format, is_fp8_available(return_reason=True) and
-FREE_SAVED_AFTER_BACKWARD. Default (name None): real TE when `transformer_engine.pytorch` imports, else
-the reference, with a one-line why. `activate`/`active` hold the choice for the backends.
+- `transformer_engine`: the installed TE on a CUDA device (its C++ kernels under test too).
+- `transformer_engine_cpu`: the installed TE's Python layer over the tex emulation (te_verify.tecpu): TE's
+  modules, autograd functions and quantizers are TE's own code; its C++ kernels are emulated, not under test.
+- `reference`: te_verify.reference, a pure-PyTorch model of TE's intended contract (te_eager only).
+- `package.module`: a module exposing the API subset below.
+Default: real TE where CUDA is available and TE imports; TE's Python over the emulation where the wheel is
+installed and there is no CUDA; else the reference. Every choice is checked cheaply at start (one line naming
+the problem and the choice that would work); TE's import itself happens on first use of `impl.api`.
+
+The `api` namespace: Linear, GroupedLinear, GroupedMLP and ops (None where absent), autocast(enabled,
+recipe=...) (both TE spellings), DelayedScaling, Float8CurrentScaling, Format, is_fp8_available(return_reason).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-from dataclasses import dataclass
+import importlib.util
+from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
+from typing import Callable
+
+import torch
 
 REQUIRED = ("Linear", "DelayedScaling", "Float8CurrentScaling", "is_fp8_available")
+REAL, EMULATED, REFERENCE, EXTERNAL = "real", "emulated", "reference", "external"
+CPU_CHOICE = "transformer_engine_cpu"
 
 
 class TEImplError(ValueError):
-    """An unknown or unusable --te-impl; the message is one line naming it."""
+    """An unknown or unusable --te-impl; the message is one line naming it and what would work."""
 
 
 @dataclass(frozen=True)
 class TEImpl:
-    """The chosen implementation."""
+    """The chosen implementation; `api` imports it on first use."""
 
-    # "reference", "transformer_engine" or the module path given.
+    # The --te-impl value ("transformer_engine", "transformer_engine_cpu", "reference" or a module path).
     name: str
+    # REAL, EMULATED, REFERENCE or EXTERNAL.
+    kind: str
     # One line: why this implementation serves the run.
     why: str
-    # The API subset (see module docstring).
-    api: SimpleNamespace
+    # One line for the report header: exactly what ran.
+    describe: str
+    # Builds the API namespace (imports TE, boots the emulation); called once.
+    load: Callable[[], SimpleNamespace] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def api(self) -> SimpleNamespace:
+        return self.load()
 
     @property
-    def is_reference_runtime(self) -> bool:
-        """True when the reference executor (ours) serves thunder_te, i.e. not real TE."""
-        return self.name != "transformer_engine"
+    def runs_te_python(self) -> bool:
+        """TE's own Python layer serves the modules (real TE, or its Python over the emulation)."""
+        return self.kind in (REAL, EMULATED)
 
 
 def _autocast_of(module: ModuleType):
@@ -56,13 +77,12 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
         Linear=getattr(module, "Linear", None),
         GroupedLinear=getattr(module, "GroupedLinear", None),
         GroupedMLP=getattr(module, "GroupedMLP", None),
+        ops=getattr(module, "ops", None),
         autocast=_autocast_of(module),
-        fp8_autocast=getattr(module, "fp8_autocast", None),
         DelayedScaling=getattr(recipes, "DelayedScaling", None),
         Float8CurrentScaling=getattr(recipes, "Float8CurrentScaling", None),
         Format=getattr(recipes, "Format", None),
         is_fp8_available=getattr(module, "is_fp8_available", None),
-        FREE_SAVED_AFTER_BACKWARD=getattr(module, "FREE_SAVED_AFTER_BACKWARD", False),
     )
 
 
@@ -72,59 +92,103 @@ def _check(name: str, api: SimpleNamespace) -> None:
         raise TEImplError(f"--te-impl {name!r}: the module lacks {', '.join(missing)} of the TE API subset")
 
 
-def _real_te() -> SimpleNamespace:
+def _te_python() -> SimpleNamespace:
     te = importlib.import_module("transformer_engine.pytorch")
-    recipes = importlib.import_module("transformer_engine.common.recipe")
-    api = _namespace(te, recipes)
-    api.FREE_SAVED_AFTER_BACKWARD = True  # TE issue 990
-    return api
+    return _namespace(te, importlib.import_module("transformer_engine.common.recipe"))
+
+
+def te_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def real_te_reason() -> str | None:
-    """None when transformer_engine.pytorch imports, else TE's own import error in one line."""
+    """None when real TE can run here (CUDA and an importable transformer_engine.pytorch), else why not."""
+    if not torch.cuda.is_available():
+        return "no CUDA device on this machine (TE's kernels need one)"
     try:
         importlib.import_module("transformer_engine.pytorch")
     except Exception as exc:  # TE raises OSError/RuntimeError too when CUDA libraries are missing
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"transformer_engine.pytorch does not import: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None
 
 
-def resolve(name: str | None) -> TEImpl:
-    """The TE implementation for `--te-impl name` (None: real TE if it imports, else the reference)."""
-    if name in (None, "", "auto"):
-        reason = real_te_reason()
-        if reason is None:
-            return TEImpl("transformer_engine", "default: transformer_engine.pytorch imports", _real_te())
-        return TEImpl("reference", f"default: transformer_engine.pytorch does not import ({reason})",
-                      _namespace(importlib.import_module("te_verify.reference")))
-    if name == "reference":
-        return TEImpl("reference", "--te-impl reference", _namespace(importlib.import_module("te_verify.reference")))
-    if name == "transformer_engine":
-        reason = real_te_reason()
-        if reason is not None:
-            raise TEImplError(f"--te-impl transformer_engine: transformer_engine.pytorch does not import ({reason})")
-        return TEImpl(name, "--te-impl transformer_engine", _real_te())
+def _real(why: str) -> TEImpl:
+    from te_verify.environment import transformer_engine_version
+
+    return TEImpl("transformer_engine", REAL, why, f"TE {transformer_engine_version()} on "
+                  f"{torch.cuda.get_device_name(0)} (Python layer and C++ kernels under test)", _te_python)
+
+
+def _emulated(why: str, capability: str) -> TEImpl:
+    from te_verify import tecpu
+    from te_verify.tecpu import device, te_import
+
+    if capability not in device.CAPABILITIES:
+        raise TEImplError(f"--te-capability {capability!r}: expected one of {', '.join(device.CAPABILITIES)}")
+    try:
+        version = te_import.installed_te_version()
+        te_import.check_version(version)
+    except tecpu.BootError as exc:
+        raise TEImplError(f"--te-impl {CPU_CHOICE}: {exc}") from None
+
+    def load() -> SimpleNamespace:
+        tecpu.boot(capability)
+        return _te_python()
+
+    describe = f"TE {version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}"
+    return TEImpl(CPU_CHOICE, EMULATED, why, describe, load)
+
+
+def _reference(why: str) -> TEImpl:
+    return TEImpl("reference", REFERENCE, why, "te_verify.reference: a pure-PyTorch model of TE's contract (not TE)",
+                  lambda: _namespace(importlib.import_module("te_verify.reference")))
+
+
+def _external(name: str) -> TEImpl:
     try:
         module = importlib.import_module(name)
     except Exception as exc:
         raise TEImplError(f"--te-impl {name!r}: cannot import it: {type(exc).__name__}: {exc}") from None
     api = _namespace(module)
     _check(name, api)
-    return TEImpl(name, f"--te-impl {name}", api)
+    return TEImpl(name, EXTERNAL, f"--te-impl {name}", f"{name} (a user-supplied TE API module)", lambda: api)
+
+
+def resolve(name: str | None, capability: str = "sm90") -> TEImpl:
+    """The TE implementation for `--te-impl name` (None: the default for this machine)."""
+    if name in (None, "", "auto"):
+        if real_te_reason() is None:
+            return _real("default: CUDA and transformer_engine.pytorch are available")
+        if te_installed() and not torch.cuda.is_available():
+            return _emulated("default: no CUDA device; the installed TE's Python runs over the tex emulation", capability)
+        return _reference(f"default: no TE to run ({real_te_reason()})")
+    if name == "transformer_engine":
+        reason = real_te_reason()
+        if reason is not None:
+            raise TEImplError(f"--te-impl transformer_engine: {reason}; --te-impl {CPU_CHOICE} runs TE's Python "
+                              f"layer over the tex emulation, --te-impl reference the pure-PyTorch model")
+        return _real("--te-impl transformer_engine")
+    if name == CPU_CHOICE:
+        return _emulated(f"--te-impl {CPU_CHOICE}", capability)
+    if name == "reference":
+        return _reference("--te-impl reference")
+    return _external(name)
 
 
 _ACTIVE: list[TEImpl] = []
+_CAPABILITY: list[str] = ["sm90"]
 
 
-def activate(impl: TEImpl) -> None:
-    """Make `impl` the one the TE backends use."""
+def activate(impl: TEImpl, capability: str = "sm90") -> None:
+    """Make `impl` the one the TE backends use (and `capability` the one any later emulation boot uses)."""
     _ACTIVE[:] = [impl]
+    _CAPABILITY[0] = capability
 
 
 def active() -> TEImpl:
     """The activated implementation (resolving the default on first use)."""
     if not _ACTIVE:
-        _ACTIVE.append(resolve(None))
+        _ACTIVE.append(resolve(None, _CAPABILITY[0]))
     return _ACTIVE[0]
 
 
@@ -132,11 +196,20 @@ def active() -> TEImpl:
 def using(impl: TEImpl):
     """Activate `impl` for a block (tests), restoring the previous choice afterwards."""
     previous = list(_ACTIVE)
-    activate(impl)
+    _ACTIVE[:] = [impl]
     try:
         yield impl
     finally:
         _ACTIVE[:] = previous
+
+
+def ensure_te_importable() -> None:
+    """thunder imports TE whenever its package is installed; without CUDA that import works only over the
+    emulation, so boot it first (whatever --te-impl serves the TE families)."""
+    from te_verify import tecpu
+
+    if te_installed() and not torch.cuda.is_available() and tecpu.booted() is None:
+        tecpu.boot(_CAPABILITY[0])
 
 
 def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3"):

@@ -11,9 +11,10 @@ import pytest
 from report_fixtures import FREEZE, FREEZE_X, PEFT_TE, REPLAY, results, row, write
 
 from te_verify.expectations import (
-    ExpectationsError, load_expectations, load_file, mark_for, match, seen_in_rows, stale, stale_message,
-    update_from_results,
+    ExpectationsError, failure_mismatch, load_expectations, load_file, mark_for, match, seen_in_rows, stale,
+    stale_message,
 )
+from te_verify.expectations_update import update_from_results
 
 LINK = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
 CPU = {"te_version": "absent: ModuleNotFoundError", "device": "cpu: x86_64"}
@@ -187,3 +188,28 @@ def test_update_adds_removes_narrows_and_keeps_reasons(tmp_path):
     assert (added.status, added.prefix, added.reason, added.link) == ("xfail", PEFT_TE.id, "TODO: triage", "")
     again = update_from_results(tmp_path / "results.json", directory)  # the same results again: nothing to do
     assert again.lines() == ["expectations are up to date"] and again.files == []
+
+
+def test_glob_entries_match_case_ids_by_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "te_eager.toml"
+    path.write_text('[[xfail]]\nglob = "lin4-*-fp8delayed"\nreason = "saves the rowwise FP8 weight"\n'
+                    f'link = "{LINK}"\n')
+    entries = load_expectations(tmp_path)
+    assert match(entries, "te_eager", "lin4-w32.32-freeze1010-x_grad-fp8delayed", "n", CPU) is entries[0]
+    assert match(entries, "te_eager", "lin4-w32.32-freeze1010-x_grad-fp8current", "n", CPU) is None
+
+
+def test_failure_text_tells_the_known_gap_from_another_failure(tmp_path: Path) -> None:
+    path = tmp_path / "thunder_te.toml"
+    path.write_text(THUNDER_TE.replace("[[xfail]]\n", '[[xfail]]\nfailure = "(frozen weight): 1 wgrad GEMM"\n', 1))
+    entry = load_expectations(tmp_path)[0]
+    assert failure_mismatch(entry, "layer 2 (frozen weight): 1 wgrad GEMM, 0 required") is None
+    other = failure_mismatch(entry, "grad of 1.weight: max abs error 0.5")
+    assert other is not None and "FAILED DIFFERENTLY" in other and f"thunder_te.toml:{entry.line}" in other
+
+
+def test_entry_needs_exactly_one_selector(tmp_path: Path) -> None:
+    path = tmp_path / "te_eager.toml"
+    path.write_text(f'[[xfail]]\nprefix = "lin4"\nglob = "lin4*"\nreason = "r"\nlink = "{LINK}"\n')
+    with pytest.raises(ExpectationsError, match="te_eager.toml:1: .*exactly one of 'prefix'"):
+        load_file(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from te_verify.oracle import (input_needs_grad, required_bias_grads, required_flops, required_gemms, required_peak,
-                              required_saved)
+                              required_saved, sites)
 from te_verify.spec import CaseSpec, TEConfig
 
 MM = 2 * 32 * 64 * 64  # one 32x64x64 GEMM
@@ -46,11 +46,21 @@ def test_saved_plain_counts_only_new_layer_inputs():
     assert required_saved(notes_spec((True, True, True))).count == 0
 
 
-def test_saved_fp8_counts_input_and_weight_copies_where_needed():
+def test_saved_fp8_counts_input_and_weight_copies_where_needed_in_tes_format():
+    """One layout of the data (1 B per element) and a 4-byte scale_inv per copy, each its own storage."""
     spec = notes_spec((False, True, False), te=TEConfig(recipe="delayed"))
     items = required_saved(spec).items
-    assert items == ((0, "input", 32 * 64), (1, "weight_copy", 64 * 64), (2, "input", 32 * 64),
-                     (2, "weight_copy", 64 * 64))
+    assert items == ((0, "input", 32 * 64), (0, "input_scale_inv", 4), (1, "weight_copy", 64 * 64),
+                     (1, "weight_copy_scale_inv", 4), (2, "input", 32 * 64), (2, "input_scale_inv", 4),
+                     (2, "weight_copy", 64 * 64), (2, "weight_copy_scale_inv", 4))
+
+
+def test_experts_are_sites_on_their_share_of_the_rows():
+    spec = CaseSpec("te_moe", (32, 32), (False,), (False,), False, (64,),
+                    te=TEConfig(None, "grouped_linear", experts=4, frozen_experts=(1,)))
+    assert [(s.label, s.rows, s.weight_trainable) for s in sites(spec)] == [
+        ("0.e0", 16, True), ("0.e1", 16, False), ("0.e2", 16, True), ("0.e3", 16, True)]
+    assert required_flops(spec) == 2 * 16 * 32 * 32 * (4 + 3)  # 4 fprops, 3 wgrads, no dgrad (x needs none)
 
 
 def test_peak_bound_grows_with_saved_and_replays():

@@ -16,7 +16,7 @@ def test_table_rows_from_seed_002():
     assert contract.row("grouped_mlp", "delay+main_grad+added").returns == "dummy"
     observed = contract.row("grouped_linear", "delay+main_grad+added", "observed_te")
     assert observed.returns == "none" and observed.label.startswith("observed")
-    assert len(contract.table()) == 18
+    assert len(contract.table()) == len(contract.KINDS) * len(contract.CONFIGS) == 30
 
 
 class ObservedGroupedLinear(grouped.GroupedLinear):
@@ -29,7 +29,7 @@ def test_check_catches_te_observed_grouped_linear_row():
     ref = run_microbatches(spec, EagerBackend())
     base = te_api.resolve("reference")
     api = type(base.api)(**{**vars(base.api), "GroupedLinear": ObservedGroupedLinear})
-    with te_api.using(te_api.TEImpl("observed", "TE's observed row", api)):
+    with te_api.using(te_api.TEImpl("observed", te_api.EXTERNAL, "TE's observed row", "observed", lambda: api)):
         got = run_microbatches(spec, TEEagerBackend())
     verdict = return_contract(spec.id, "te_eager", spec, "grouped_linear", ref, got, tolerance_for(spec))
     assert not verdict.ok and "backward returned none after microbatch 1, contract says dummy" in verdict.message

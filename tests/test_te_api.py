@@ -1,31 +1,62 @@
-"""--te-impl resolution: default with a one-line why, named impls, custom modules, one-line errors."""
+"""--te-impl resolution: the default for this machine, named implementations, custom modules, one-line errors."""
 import pytest
+import torch
 
 from te_verify import te_api
+from te_verify.tecpu import te_import
+
+NO_CUDA = not torch.cuda.is_available()
 
 
-def test_default_falls_back_to_reference_with_reason():
+@pytest.mark.skipif(not NO_CUDA, reason="checks the default on a machine without CUDA")
+def test_default_without_cuda_is_te_python_over_the_emulation():
     impl = te_api.resolve(None)
-    if te_api.real_te_reason() is None:
-        assert impl.name == "transformer_engine"
-    else:
-        assert impl.name == "reference" and "does not import" in impl.why and "\n" not in impl.why
+    assert impl.name == te_api.CPU_CHOICE and impl.kind == te_api.EMULATED
+    assert impl.describe.startswith(f"TE {te_import.installed_te_version()} Python layer; tex emulated on CPU "
+                                    "(C++ kernels not under test); emulated sm90")
+    assert "\n" not in impl.why
 
 
-def test_custom_module_and_both_autocast_spellings():
-    impl = te_api.resolve("te_verify.reference.freeing")
-    assert impl.api.FREE_SAVED_AFTER_BACKWARD and impl.api.autocast and impl.api.fp8_autocast
+@pytest.mark.skipif(not NO_CUDA, reason="the error is for machines without CUDA")
+def test_real_te_without_cuda_is_a_one_line_error_naming_what_works():
+    with pytest.raises(te_api.TEImplError) as info:
+        te_api.resolve("transformer_engine")
+    message = str(info.value)
+    assert "\n" not in message and "no CUDA device" in message
+    assert f"--te-impl {te_api.CPU_CHOICE}" in message and "--te-impl reference" in message
+
+
+def test_te_version_without_a_surface_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(te_import, "installed_te_version", lambda: "9.9.9")
+    with pytest.raises(te_api.TEImplError) as info:
+        te_api.resolve(te_api.CPU_CHOICE)
+    message = str(info.value)
+    assert "\n" not in message and "TE 9.9.9" in message and "no enums for this version" in message
+    assert "scripts/gen_tex_surface.py 9.9.9" in message and "--te-impl reference" in message
+
+
+def test_te_version_below_the_emulated_boundary_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(te_import, "installed_te_version", lambda: "2.8.0")
+    with pytest.raises(te_api.TEImplError, match=r"TE 2\.8\.0 predates .*>= 2\.14\.0.*--te-impl reference") as info:
+        te_api.resolve(te_api.CPU_CHOICE)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_capability_is_a_one_line_error():
+    with pytest.raises(te_api.TEImplError, match=r"--te-capability 'sm42': expected one of sm89, sm90, sm100"):
+        te_api.resolve(te_api.CPU_CHOICE, capability="sm42")
 
 
 @pytest.mark.parametrize("name,fragment", [("no_such.module", "cannot import"), ("json", "lacks Linear")])
-def test_bad_impl_is_one_line_error(name, fragment):
+def test_bad_impl_module_is_a_one_line_error(name, fragment):
     with pytest.raises(te_api.TEImplError, match=fragment) as info:
         te_api.resolve(name)
     assert "\n" not in str(info.value)
 
 
-def test_activate_and_active():
+def test_reference_is_selectable_and_says_it_is_not_te():
     impl = te_api.resolve("reference")
+    assert impl.kind == te_api.REFERENCE and not impl.runs_te_python and "not TE" in impl.describe
     with te_api.using(impl):
         assert te_api.active() is impl
 

@@ -1,14 +1,18 @@
-"""te_eager: the model's nn.Linear stack rebuilt from TE-API modules of the active --te-impl, run eagerly
-under autocast with the spec's recipe. The TE modules hold the model's own Parameter objects.
+"""te_eager: the model's nn.Linear stack rebuilt from TE modules of the active --te-impl, run eagerly under TE's
+autocast with the spec's recipe (outside autocast without one). The TE modules hold the model's own Parameters.
 
-Module kinds: "linear" (one Linear per layer), "grouped_linear" (one GroupedLinear with a single group per
-layer), "grouped_mlp" (one GroupedMLP, identity activation, per pair of layers). With spec.te.main_grad
-each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and (grad_added_to_main_grad)
-the Megatron flag.
+Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear per layer), "grouped_linear"
+(te.GroupedLinear with one group per layer), "ops_linear" (te.ops.Linear), "ops_grouped_linear"
+(te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers). With
+spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
+(grad_added_to_main_grad) the Megatron flag.
 """
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
@@ -28,29 +32,117 @@ def attach_main_grad(model: torch.nn.Module, te: TEConfig) -> None:
     """The Megatron protocol attributes on every trainable weight."""
     for name, p in model.named_parameters():
         if name.endswith("weight") and p.requires_grad:
-            p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             p.zero_out_wgrad = True
             if te.grad_added_to_main_grad:
                 p.grad_added_to_main_grad = False
 
 
+@dataclass(frozen=True)
+class Kind:
+    """How one module kind is built from a layer (or pair) and called."""
+
+    # (api, layers, te config, dtype, name) -> the TE module holding the layers' Parameters.
+    build: Callable
+    # Layers per module: 1, or 2 for the fused MLP.
+    layers: int
+    # (module, 2-D rows) -> output rows.
+    call: Callable
+    # The API attribute the kind needs (None if the --te-impl lacks it).
+    needs: str
+
+
+def _share(module: torch.nn.Module, pairs: dict[str, torch.nn.Parameter | None]) -> torch.nn.Module:
+    for attr, param in pairs.items():
+        setattr(module, attr, param)
+    return module
+
+
+def _module_kw(te: TEConfig, dtype: torch.dtype) -> dict:
+    return dict(fuse_wgrad_accumulation=te.main_grad, delay_wgrad_compute=te.delay_wgrad, params_dtype=dtype)
+
+
+def _linear(api, ls, te, dtype, name):
+    (l,) = ls
+    return _share(api.Linear(l.in_features, l.out_features, bias=l.bias is not None, name=name, **_module_kw(te, dtype)),
+                  {"weight": l.weight, "bias": l.bias})
+
+
+def _experts_of(layer: torch.nn.Module) -> list[torch.nn.Linear]:
+    return getattr(layer, "experts", [layer])
+
+
+def _group_params(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter | None]:
+    """weight<k>/bias<k> of a grouped module, one group per expert."""
+    pairs = {}
+    for k, expert in enumerate(_experts_of(layer)):
+        pairs.update({f"weight{k}": expert.weight, f"bias{k}": expert.bias})
+    return pairs
+
+
+def _grouped_linear(api, ls, te, dtype, name):
+    (l,) = ls
+    e = _experts_of(l)[0]
+    module = api.GroupedLinear(te.experts, e.in_features, e.out_features, bias=e.bias is not None, name=name,
+                               **_module_kw(te, dtype))
+    return _share(module, _group_params(l))
+
+
+def _ops_linear(api, ls, te, dtype, name):
+    (l,) = ls
+    op = api.ops.Linear(l.in_features, l.out_features, bias=l.bias is not None, dtype=dtype,
+                        accumulate_into_main_grad=te.main_grad)
+    _share(op.basic_ops[0], {"weight": l.weight})
+    if l.bias is not None:
+        _share(op.basic_ops[1], {"bias": l.bias})
+    return op
+
+
+def _ops_grouped_linear(api, ls, te, dtype, name):
+    (l,) = ls
+    e = _experts_of(l)[0]
+    op = api.ops.GroupedLinear(te.experts, e.in_features, e.out_features, bias=e.bias is not None, dtype=dtype,
+                               accumulate_into_main_grad=te.main_grad, delay_wgrad_compute=te.delay_wgrad)
+    return _share(op, _group_params(l))
+
+
+def _splits(x: torch.Tensor, groups: int) -> list[int]:
+    return [x.shape[0] // groups] * groups
+
+
+def _grouped_mlp(api, ls, te, dtype, name):
+    l1, l2 = ls
+    module = api.GroupedMLP(1, l1.in_features, l1.out_features, l2.out_features, bias=l1.bias is not None, name=name,
+                            **_module_kw(te, dtype))
+    return _share(module, {"fc1_weight0": l1.weight, "fc2_weight0": l2.weight, "fc1_bias0": l1.bias, "fc2_bias0": l2.bias})
+
+
+KINDS: dict[str, Kind] = {
+    "linear": Kind(_linear, 1, lambda m, x: m(x), "Linear"),
+    "grouped_linear": Kind(_grouped_linear, 1, lambda m, x: m(x, _splits(x, m.num_gemms)), "GroupedLinear"),
+    "ops_linear": Kind(_ops_linear, 1, lambda m, x: m(x), "ops"),
+    "ops_grouped_linear": Kind(_ops_grouped_linear, 1,
+                               lambda m, x: m(x, torch.tensor(_splits(x, m.num_groups))), "ops"),
+    "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x: m(x, [x.shape[0]]), "GroupedMLP"),
+}
+
+
 class TEStack(torch.nn.Module):
     """The converted layers plus how to call them; backward_dw() runs every module's queued wgrads."""
 
-    def __init__(self, modules: list[torch.nn.Module], grouped: bool, api: SimpleNamespace, recipe) -> None:
+    def __init__(self, modules: list[torch.nn.Module], kind: Kind, api: SimpleNamespace, recipe) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList(modules)
-        self.grouped, self.api, self.recipe = grouped, api, recipe
+        self.kind, self.api, self.recipe = kind, api, recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with self.api.autocast(enabled=self.recipe is not None, recipe=self.recipe):
+        # No recipe: outside autocast, as a user running TE without FP8 would.
+        with self.api.autocast(enabled=True, recipe=self.recipe) if self.recipe else contextlib.nullcontext():
+            lead = x.shape[:-1]
+            rows = x.reshape(-1, x.shape[-1])
             for layer in self.layers:
-                if self.grouped:
-                    rows = x.reshape(-1, x.shape[-1])
-                    x = layer(rows, [rows.shape[0]]).reshape(*x.shape[:-1], -1)
-                else:
-                    x = layer(x)
-        return x
+                rows = self.kind.call(layer, rows)
+        return rows.reshape(*lead, -1)
 
     def backward_dw(self) -> None:
         for layer in self.layers:
@@ -58,36 +150,14 @@ class TEStack(torch.nn.Module):
                 layer.backward_dw()
 
 
-def _share(te_module: torch.nn.Module, pairs: dict[str, torch.nn.Parameter | None]) -> torch.nn.Module:
-    for attr, param in pairs.items():
-        setattr(te_module, attr, param)
-    return te_module
-
-
 def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) -> list[torch.nn.Module]:
     """TE-API modules for the stack, sharing its Parameters; names match the model's layer names."""
     te = spec.te or TEConfig()
-    kw = dict(fuse_wgrad_accumulation=te.main_grad, delay_wgrad_compute=te.delay_wgrad,
-              params_dtype=next(model.parameters()).dtype)
+    kind = KINDS[te.module]
+    dtype = next(model.parameters()).dtype
     layers = list(model.named_children())
-    if te.module == "linear":
-        return [_share(api.Linear(l.in_features, l.out_features, bias=l.bias is not None, name=n, **kw),
-                       {"weight": l.weight, "bias": l.bias}) for n, l in layers]
-    if te.module == "grouped_linear":
-        mods = []
-        for n, l in layers:
-            mod = _share(api.GroupedLinear(1, l.in_features, l.out_features, bias=l.bias is not None, name=n, **kw),
-                         {"weight0": l.weight, "bias0": l.bias})
-            mods.append(mod)
-        return mods
-    mods = []
-    for (n1, l1), (n2, l2) in zip(layers[::2], layers[1::2]):
-        mod = api.GroupedMLP(1, l1.in_features, l1.out_features, l2.out_features, bias=l1.bias is not None,
-                             name=f"{n1}+{n2}", **kw)
-        mod.fc1_name, mod.fc2_name = n1, n2
-        mods.append(_share(mod, {"fc1_weight0": l1.weight, "fc2_weight0": l2.weight,
-                                 "fc1_bias0": l1.bias, "fc2_bias0": l2.bias}))
-    return mods
+    groups = [layers[i:i + kind.layers] for i in range(0, len(layers), kind.layers)]
+    return [kind.build(api, [l for _, l in group], te, dtype, "+".join(n for n, _ in group)) for group in groups]
 
 
 class TEEagerBackend:
@@ -102,17 +172,18 @@ class TEEagerBackend:
         return te_api.active()
 
     def available(self) -> tuple[bool, str]:
-        if not self.impl.is_reference_runtime and not torch.cuda.is_available():
-            return False, "transformer_engine needs a CUDA device"
-        return True, ""
+        return True, ""  # te_api.resolve already refused an implementation that cannot run here
 
     def unsupported_reason(self, spec: CaseSpec) -> str | None:
         """Why this backend cannot run `spec` here (None if it can)."""
-        module = spec.te.module if spec.te else "linear"
-        if module == "grouped_mlp" and self.impl.api.GroupedMLP is None:
-            return f"--te-impl {self.impl.name} serves no GroupedMLP module"
-        if module == "grouped_mlp" and spec.n_layers % 2:
-            return "grouped_mlp pairs layers: needs an even number of layers"
+        te = spec.te or TEConfig()
+        kind = KINDS[te.module]
+        if getattr(self.impl.api, kind.needs) is None:
+            return f"--te-impl {self.impl.name} serves no {kind.needs} (module kind {te.module})"
+        if spec.n_layers % kind.layers:
+            return f"{te.module} pairs layers: needs an even number of layers"
+        if te.module == "ops_linear" and te.delay_wgrad:
+            return "te.ops.Linear has no delay_wgrad_compute"
         return fp8_skip_reason(spec, self.impl)
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec) -> TEStack:
@@ -121,7 +192,7 @@ class TEEagerBackend:
         if te.main_grad:
             attach_main_grad(model, te)
         recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
-        return TEStack(convert(model, spec, api), te.module != "linear", api, recipe)
+        return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)
 
 
 def skip_unsupported(case) -> None:

@@ -11,7 +11,7 @@ class ThunderBackend:
 
     def available(self) -> tuple[bool, str]:
         try:
-            from te_verify.compat.thunder_named_tensors import import_thunder
+            from te_verify.compat.thunder import import_thunder
 
             import_thunder()
         except ImportError as exc:
@@ -19,7 +19,7 @@ class ThunderBackend:
         return True, ""
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        from te_verify.compat.thunder_named_tensors import import_thunder
+        from te_verify.compat.thunder import import_thunder
 
         return import_thunder().jit(model)
 

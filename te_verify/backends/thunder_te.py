@@ -1,11 +1,15 @@
-"""thunder_te: thunder.jit of the model with a TE executor, run under the TE impl's autocast.
+"""thunder_te: thunder.jit of the model with thunder's own TE executor (transformer_engine_ex and
+TransformerEngineTransform), run under TE's autocast with the spec's recipe.
 
-With the reference (or a reference variant), the executor is ours (te_verify.reference.thunder_executor),
-registered through thunder's extension API; with real TE it is thunder's own transformer_engine_ex with
-TransformerEngineTransform. `ThunderTEBackend(always_wgrad=True)` uses our executor in upstream mode
-(weight gradient always computed, thunder issue 2076).
+The executor calls TE's own Python (te.ops.BasicLinear's functional forward and backward), so it runs wherever
+TE's Python runs: real TE on a GPU, or TE's Python over the tex emulation (with the thunder_te_cpu
+compatibility step). Under --te-impl reference there is no TE Python to call, so the backend is unavailable.
+Which linears thunder's executor actually claimed is measured, not assumed (probes.tex_gemm's
+`te_layers_claimed`, checks.te_claims).
 """
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 
@@ -15,13 +19,15 @@ from te_verify.spec import CaseSpec, TEConfig
 
 
 class ThunderTEBackend:
-    """thunder.jit + TE executor; the executor follows the active --te-impl (te_api.active())."""
+    """thunder.jit + thunder's TE executor over the active --te-impl's TE (te_api.active())."""
 
     name = "thunder_te"
     lane = "te"
 
-    def __init__(self, always_wgrad: bool = False) -> None:
-        self.always_wgrad = always_wgrad
+    def __init__(self, executors: Callable[[], Sequence] | None = None,
+                 transforms: Callable[[], Sequence] | None = None) -> None:
+        # Factories of stand-in TE executors and their transforms (tests plant a fixed one); default: thunder's own.
+        self.executors, self.transforms = executors, transforms
 
     @property
     def impl(self) -> te_api.TEImpl:
@@ -29,58 +35,49 @@ class ThunderTEBackend:
         return te_api.active()
 
     def available(self) -> tuple[bool, str]:
+        if not self.impl.runs_te_python:
+            return False, (f"thunder's transformer_engine_ex calls TE's own Python (te.ops.BasicLinear); "
+                           f"--te-impl {self.impl.name} serves none")
         try:
-            from te_verify.compat.thunder_named_tensors import import_thunder
-
-            import_thunder()
+            self._thunder_executor()
         except ImportError as exc:
             return False, str(exc)
-        if not self.impl.is_reference_runtime:
-            try:
-                from thunder.executors.transformer_engineex import transformer_engine_ex
-            except ImportError as exc:
-                return False, f"thunder's transformer_engine executor does not import: {exc}"
-            if transformer_engine_ex is None or not torch.cuda.is_available():
-                return False, "thunder's transformer_engine executor needs TE and a CUDA device"
         return True, ""
 
     def unsupported_reason(self, spec: CaseSpec) -> str | None:
-        """Why this backend cannot run `spec` here (None if it can)."""
+        """Why this backend cannot run `spec` (None if it can). Recipes are not filtered here: whether thunder's
+        executor claims a linear under a recipe is measured on the run."""
         te = spec.te or TEConfig()
         if te.module != "linear":
-            return f"thunder's TE executor claims only linear, not {te.module}"
+            return f"thunder's TE executor claims only linear layers, not {te.module}"
         if te.main_grad or te.delay_wgrad:
             return "thunder's TE executor has no fuse_wgrad_accumulation / delay_wgrad_compute"
-        if not self.impl.is_reference_runtime and te.recipe == "current":
-            return "thunder 0.2.6's transformer_engine_ex does not claim linear under Float8CurrentScaling"
         return fp8_skip_reason(spec, self.impl)
 
-    def _executor_and_transforms(self):
-        if self.impl.is_reference_runtime:
-            from te_verify.reference.thunder_executor import NeedsGradAnalysis, make_executor
-
-            free = bool(self.impl.api.FREE_SAVED_AFTER_BACKWARD)
-            return make_executor(self.always_wgrad, free), [NeedsGradAnalysis()]
-        from thunder.executors.transformer_engineex import TransformerEngineTransform, transformer_engine_ex
-
-        return transformer_engine_ex, [TransformerEngineTransform()]
-
-    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        from te_verify.compat.thunder_named_tensors import import_thunder
+    def _thunder_executor(self):
+        from te_verify.compat.thunder import import_thunder
 
         thunder = import_thunder()
-        executor, transforms = self._executor_and_transforms()
-        if self.impl.is_reference_runtime:
-            from te_verify.reference.thunder_executor import label_layers
+        if self.executors is not None:
+            return thunder, list(self.executors()), list(self.transforms() if self.transforms else [])
+        from thunder.executors.transformer_engineex import TransformerEngineTransform, transformer_engine_ex
 
-            label_layers(model)
-        jitted = thunder.jit(model, executors=[executor, *thunder.get_default_executors()], transforms=transforms)
+        if transformer_engine_ex is None:
+            raise ImportError("thunder found no transformer_engine package (transformer_engine_ex is None)")
+        return thunder, [transformer_engine_ex], [TransformerEngineTransform()]
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        thunder, executors, transforms = self._thunder_executor()
+        jitted = thunder.jit(model, executors=[*executors, *thunder.get_default_executors()], transforms=transforms)
         api = self.impl.api
         te = spec.te or TEConfig()
         recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            with api.autocast(enabled=recipe is not None, recipe=recipe):
+            # No recipe: thunder is called outside autocast, as a te_eager run without FP8 would be.
+            if recipe is None:
+                return jitted(x)
+            with api.autocast(enabled=True, recipe=recipe):
                 return jitted(x)
 
         run.__wrapped__ = jitted  # the jitted module, for trace inspection and compilation counts

@@ -6,9 +6,6 @@ the import succeed: calling any of them raises, so no run can silently depend on
 """
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
 import torch
 
 from te_verify.compat import record
@@ -35,12 +32,3 @@ def apply() -> bool:
         setattr(torch.Tensor, name, _stand_in(name))
     record(STEP)
     return True
-
-
-def import_thunder() -> ModuleType:
-    """Import thunder after applying the step; raises ImportError with the cause if it still fails."""
-    apply()
-    try:
-        return importlib.import_module("thunder")
-    except Exception as exc:  # thunder import errors surface as AttributeError/RuntimeError too
-        raise ImportError(f"thunder failed to import: {type(exc).__name__}: {exc}") from exc

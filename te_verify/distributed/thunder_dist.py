@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from te_verify.compat.thunder_named_tensors import import_thunder
+from te_verify.compat.thunder import import_thunder
 from te_verify.spec import CaseSpec
 
 

@@ -28,7 +28,7 @@ class ThunderWithOptions(ThunderBackend):
         self.options = options  # keyword arguments passed to thunder.jit
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        from te_verify.compat.thunder_named_tensors import import_thunder
+        from te_verify.compat.thunder import import_thunder
 
         return import_thunder().jit(model, **self.options)
 

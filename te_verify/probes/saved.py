@@ -5,7 +5,9 @@ run (the shared Watcher's storage keys), so parameters, the model input and view
 whatever view or dtype wrapper a backend saves them through. Saved tensors are deduplicated by storage and
 sized by their storage's bytes (what saving keeps alive).
 
-The hooks see what eager autograd saves and what custom autograd.Functions save with ctx.save_for_backward:
+A saved wrapper subclass (TE's Float8Tensor, DTensor: anything with `__tensor_flatten__`) counts as the inner
+tensors it holds. The hooks see what eager autograd saves and what custom autograd.Functions save with
+ctx.save_for_backward:
 thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked on torch 2.13 / thunder
 0.2.6), so their saves are visible. A backend whose saves bypass the hooks (e.g. a C++ extension keeping its
 own context) shows none; the waste check then reports the saved figures as "unknown", not as zero.
@@ -29,7 +31,8 @@ from te_verify.probes.dispatch import LayerMap, Watcher, is_real
 class SavedItem:
     """One tensor handed to autograd's pack hook."""
 
-    # Storage key from the Watcher (int serial for new storages, ("pre", ptr) for older ones).
+    # Storage key from the Watcher (int serial for new storages, ("pre", ptr) for older ones); other probes of the
+    # run (the tex record) key storages the same way, so records join on it.
     key: Any
     # True when the storage was allocated during the run (what the figures count).
     new: bool
@@ -98,6 +101,11 @@ class SavedTensorsProbe:
         dispatch.set_phase(name)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+            # A wrapper subclass (TE's Float8Tensor, DTensor, ...): what saving keeps alive is its inner tensors.
+            for attr in t.__tensor_flatten__()[0]:
+                self._pack(getattr(t, attr))
+            return t
         if is_real(t):
             storage = t.untyped_storage()
             key = self._watcher.key_of_storage(storage)

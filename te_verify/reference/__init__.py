@@ -12,9 +12,6 @@ from te_verify.reference.linear import Linear
 from te_verify.reference.recipe import DelayedScaling, Float8CurrentScaling, Format
 from te_verify.reference.wgrad import get_dummy_wgrad
 
-# The runtime keeps saved state for a second backward (retain_graph) unless a variant frees it.
-FREE_SAVED_AFTER_BACKWARD = False
-
 
 def is_fp8_available(return_reason: bool = False):
     """FP8 is always available on the reference (emulated on CPU)."""
@@ -23,4 +20,4 @@ def is_fp8_available(return_reason: bool = False):
 
 __all__ = ["Linear", "GroupedLinear", "GroupedMLP", "autocast", "fp8_autocast", "DelayedScaling",
            "Float8CurrentScaling", "Format", "is_fp8_available", "is_fp8_enabled", "get_fp8_recipe",
-           "get_dummy_wgrad", "FREE_SAVED_AFTER_BACKWARD"]
+           "get_dummy_wgrad"]

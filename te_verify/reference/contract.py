@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from te_verify.spec import TEConfig
 
-KINDS = ("linear", "grouped_linear", "grouped_mlp")
+KINDS = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 CONFIGS = ("vanilla", "delay", "main_grad", "main_grad+added", "delay+main_grad", "delay+main_grad+added")
 RETURNS = ("wgrad", "none", "dummy")
 

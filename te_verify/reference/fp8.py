@@ -11,17 +11,7 @@ import torch
 
 from te_verify.reference.recipe import Recipe
 
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-
-
-def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x * scale, saturated to the format's max (TE saturates; torch's cast alone would give NaN/inf)."""
-    fp8_max = FP8_MAX[dtype]
-    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
-
-
-def dequantize(data: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    return data.float() * scale_inv
+from te_verify.fp8 import FP8_MAX, dequantize, fp8_dims_ok, quantize  # noqa: F401  (re-exported)
 
 
 def scale_from_amax(amax: torch.Tensor, fp8_max: float, margin: int, previous: torch.Tensor) -> torch.Tensor:
@@ -77,14 +67,6 @@ class TensorScaler:
         self.scale = scale_from_amax(amax, FP8_MAX[self.dtype], self.recipe.margin, self.scale)
         self.amax_history = torch.roll(self.amax_history, 1)
         self.amax_history[0] = 0.0
-
-
-def fp8_dims_ok(shape: tuple[int, ...]) -> bool:
-    """TE's check_dim_for_fp8_exec: last dim divisible by 16, product of the others by 8."""
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return len(shape) >= 1 and shape[-1] % 16 == 0 and rows % 8 == 0
 
 
 def assert_fp8_dims(t: torch.Tensor) -> None:

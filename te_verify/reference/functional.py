@@ -1,9 +1,10 @@
 """The linear GEMMs of one layer, forward and backward, as plain functions (shared by the modules and
 the thunder executor). Work is exactly what the flags ask for; every GEMM and saved tensor is logged.
 
-Saved state travels as tensors: the input copy (None unless wgrad is needed), the weight copy (None unless
-dgrad is needed) and a 3-element fp32 `meta` = [fp8 flag, input scale_inv, weight scale_inv]. A layer
-that frees its state after backward empties `meta`'s storage; a second backward then raises as TE does.
+Saved state travels as tensors, in TE's per-tensor FP8 format: the input copy and its scale_inv (None unless
+wgrad is needed), the weight copy and its scale_inv (None unless dgrad is needed), and a 1-element `meta`
+(the FP8 flag). A layer that frees its state after backward empties `meta`'s storage; a second backward then
+raises as TE does.
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
 
 def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                    need_wgrad: bool, need_dgrad: bool):
-    """out = x @ w.T + b; returns (out, saved_x | None, saved_w | None, meta)."""
+    """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta)."""
     fp8 = is_fp8_enabled()
     x2d = _as_2d(x)
-    meta = torch.tensor([float(fp8), 1.0, 1.0])
+    meta = torch.tensor([float(fp8)])
+    x_si = w_si = None
     if fp8:
         assert_fp8_dims(x2d)
         assert_fp8_dims(w)
@@ -53,8 +55,8 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         for slot in ("input", "weight"):
             note_forward_scaler(state.scalers[slot])
         x_op, w_op = qx.dequantize(), qw.dequantize()
-        meta[1], meta[2] = qx.scale_inv, qw.scale_inv
         saved_x, saved_w = (qx.data if need_wgrad else None), (qw.data if need_dgrad else None)
+        x_si, w_si = (qx.scale_inv if need_wgrad else None), (qw.scale_inv if need_dgrad else None)
     else:
         x_op, w_op = x2d, w
         saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
@@ -65,7 +67,7 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
     if saved_w is not None:
         log_saved(state.label, "weight", saved_w.numel() * saved_w.element_size() if fp8 else 0, fp8)
-    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0]), saved_x, saved_w, meta
+    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0]), (saved_x, x_si, saved_w, w_si, meta)
 
 
 def check_alive(state: LayerState, meta: torch.Tensor) -> None:
@@ -79,14 +81,14 @@ def free(meta: torch.Tensor) -> None:
     meta.untyped_storage().resize_(0)
 
 
-def _operand(saved: torch.Tensor, scale_inv: torch.Tensor, fp8: bool) -> torch.Tensor:
+def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> torch.Tensor:
     return dequantize(saved, scale_inv) if fp8 else saved
 
 
-def linear_backward(state: LayerState, grad_out: torch.Tensor, saved_x: torch.Tensor | None,
-                    saved_w: torch.Tensor | None, meta: torch.Tensor, need_dgrad: bool, need_wgrad: bool,
+def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
                     need_bgrad: bool, defer_wgrad: bool = False):
     """Returns (dgrad | None, wgrad | deferred wgrad thunk | None, bgrad | None), computing only what is asked."""
+    saved_x, x_si, saved_w, w_si, meta = saved
     check_alive(state, meta)
     fp8 = bool(meta[0])
     g2d = _as_2d(grad_out)
@@ -98,11 +100,11 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved_x: torch.Te
         g_op = g2d
     dgrad = wgrad = bgrad = None
     if need_dgrad:
-        w_op = _operand(saved_w, meta[2], fp8)
+        w_op = _operand(saved_w, w_si, fp8)
         dgrad = gemm(state.label, "dgrad", g_op, w_op, fp8).to(grad_out.dtype)
         dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
     if need_wgrad:
-        x_op = _operand(saved_x, meta[1], fp8)
+        x_op = _operand(saved_x, x_si, fp8)
         wgrad = wgrad_thunk(state.label, g_op, x_op, fp8)
         wgrad = wgrad if defer_wgrad else wgrad()
     if need_bgrad:

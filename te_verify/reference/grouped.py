@@ -22,9 +22,9 @@ def grouped_forward(states, x, splits, weights, biases, need_w, need_d):
     """Per group: rows of x through its weight; returns (out, per-group saved tuples)."""
     outs, saved = [], []
     for i, x_i in enumerate(torch.split(x, list(splits))):
-        out, sx, sw, meta = linear_forward(states[i], x_i, weights[i], biases[i], need_w[i], need_d)
+        out, saved_i = linear_forward(states[i], x_i, weights[i], biases[i], need_w[i], need_d)
         outs.append(out)
-        saved.append((sx, sw, meta))
+        saved.append(saved_i)
     return torch.cat(outs), saved
 
 
@@ -32,7 +32,7 @@ def grouped_backward(states, grad, splits, saved, need_d, need_w, need_b, defer)
     """Per group backward; returns (dgrad | None, [wgrad or thunk or None], [bgrad or None])."""
     dgrads, wgrads, bgrads = [], [], []
     for i, g_i in enumerate(torch.split(grad, list(splits))):
-        d, w, b = linear_backward(states[i], g_i.contiguous(), *saved[i], need_d, need_w[i], need_b[i], defer)
+        d, w, b = linear_backward(states[i], g_i.contiguous(), saved[i], need_d, need_w[i], need_b[i], defer)
         dgrads.append(d)
         wgrads.append(w)
         bgrads.append(b)

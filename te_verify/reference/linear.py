@@ -18,8 +18,8 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module):
         need_dgrad, need_wgrad, need_bgrad = module.grad_needs(ctx.needs_input_grad[:3])
-        out, saved_x, saved_w, meta = linear_forward(module.state, x, weight, bias, need_wgrad, need_dgrad)
-        ctx.save_for_backward(saved_x, saved_w, meta)
+        out, saved = linear_forward(module.state, x, weight, bias, need_wgrad, need_dgrad)
+        ctx.save_for_backward(*saved)
         ctx.module, ctx.needs = module, (need_dgrad, need_wgrad, need_bgrad)
         return out
 
@@ -27,9 +27,8 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         module = ctx.module
         need_dgrad, need_wgrad, need_bgrad = ctx.needs
-        saved_x, saved_w, meta = ctx.saved_tensors
         delay = module.delay_wgrad_compute
-        dgrad, wgrad, bgrad = linear_backward(module.state, grad_out, saved_x, saved_w, meta,
+        dgrad, wgrad, bgrad = linear_backward(module.state, grad_out, ctx.saved_tensors,
                                               need_dgrad, need_wgrad, need_bgrad, defer_wgrad=delay)
         returned = module.weight_grad_for_autograd(wgrad, delay) if need_wgrad else None
         return dgrad, returned, bgrad, None

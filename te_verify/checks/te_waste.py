@@ -1,0 +1,137 @@
+"""Minimal work of the TE lane, against te_verify.oracle: per layer and backward pass exactly the required GEMMs
+(fprop always; dgrad iff the layer's input needs a gradient; wgrad iff the weight is trainable), the FLOPs, the
+saved-for-backward bytes, and which FP8 copies were kept. Pure functions of records.
+
+Sources, all below the implementation under test: the GEMMs come from the tex record (probes.tex_gemm, TE's
+Python over real or emulated tex) or, under --te-impl reference, from the reference's GEMM log (which also logs
+its bias reductions, so bgrad is checked there); saved bytes from autograd's saved-tensor hooks (probes.saved);
+FP8 copies by joining the two (checks.fp8_copies), or the reference's own saved-copy events.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
+from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.oracle import graph_exists, required_flops, required_roles, required_saved
+from te_verify.record import Record
+from te_verify.spec import CaseSpec
+
+UNKNOWN = "unknown"
+
+
+def _why(role: str) -> str:
+    return {"wgrad": "frozen weight", "bgrad": "frozen bias", "dgrad": "input needs no grad"}.get(role, role)
+
+
+def _count_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
+    counts = Counter((e.layer, e.role) for e in events)
+    # The reference logs its bias reductions; at the tex boundary a bias gradient is a GEMM epilogue, not an event.
+    measured = ("dgrad", "wgrad", "bgrad") if counts and any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
+    unattributed = sum(e.layer == "?" for e in events)
+    problems = [f"{unattributed} GEMM(s) not attributable to a layer"] if unattributed else []
+    for layer, roles in required_roles(spec).items():
+        for role in measured:
+            want, got = (passes if role in roles else 0), counts[(layer, role)]
+            if got != want:
+                label = f"layer {layer}" + (f" ({_why(role)})" if role not in roles else "")
+                problems.append(f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required")
+        if counts[(layer, "fprop")] != 1:
+            problems.append(f"layer {layer}: {counts[(layer, 'fprop')]} fprop GEMMs, 1 required")
+    return problems
+
+
+def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
+    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required and their ratio."""
+    actual, required = sum(e.flops for e in events if e.role != "bgrad"), required_flops(spec)
+    return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
+
+
+def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """Each backward pass runs exactly the required GEMMs per layer; the forward one fprop per layer."""
+    events = record.observations.get("gemm_log")
+    if events is None:
+        return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: no GEMM record (run without its probe?)")
+    problems = _count_problems(spec, events, record.passes_done)
+    figures = flops_figures(spec, events)
+    if record.error is None and figures["flops_actual"] != figures["flops_required"]:
+        problems.append(f"FLOPs {figures['flops_actual']:,} vs {figures['flops_required']:,} required "
+                        f"(ratio {figures['flops_ratio']})")
+    if problems:
+        return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
+    return Verdict("gemm_work", True, figures=figures)
+
+
+def saved_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """The reference's own saved-copy events: input copy iff wgrad is required, weight copy iff dgrad is."""
+    saved = record.observations["te_saved"]
+    kinds = Counter((e.layer, e.kind) for e in saved)
+    problems = []
+    for layer, roles in required_roles(spec).items():
+        for kind, role in (("input", "wgrad"), ("weight", "dgrad")):
+            want, got = int(role in roles), kinds[(layer, kind)]
+            if got != want:
+                nbytes = sum(e.bytes for e in saved if e.layer == layer and e.kind == kind)
+                what = f"saved its {kind} copy ({nbytes} B) for a {role} that is not required" if got > want \
+                    else f"did not save its {kind} copy, but its {role} is required"
+                problems.append(f"layer {layer}: {what}")
+    figures = {"te_saved_copy_bytes": sum(e.bytes for e in saved), "te_saved_copy_count": len(saved)}
+    if problems:
+        return Verdict("saved_copies", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
+    return Verdict("saved_copies", True, figures=figures)
+
+
+def _surplus(spec: CaseSpec, record: Record) -> list[str]:
+    """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events."""
+    if saved_fp8_copies(record):
+        return ["the FP8 copies kept, by site, are in the fp8_copies check"]
+    required = required_roles(spec)
+    return [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
+            for e in record.observations.get("te_saved", [])
+            if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
+
+
+def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's, exactly."""
+    need = required_saved(spec)
+    figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
+    if "saved_count_raw" not in record.figures:
+        figures.update(saved_bytes_actual=UNKNOWN, saved_count_actual=UNKNOWN, saved_bytes_ratio=UNKNOWN)
+        return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: no saved-tensor figures "
+                                                f"(run without SavedTensorsProbe?)", figures)
+    actual, count = record.figures["saved_bytes_actual"], record.figures["saved_count_actual"]
+    figures.update(saved_bytes_actual=actual, saved_count_actual=count, saved_bytes_ratio=waste_ratio(actual, need.nbytes))
+    if (actual, count) == (need.nbytes, need.count):
+        return Verdict("te_saved_bytes", True, figures=figures)
+    named = _surplus(spec, record) or ["no copy record names the surplus"]
+    return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: saved-for-backward {actual:,} B in {count} "
+                                            f"tensors vs {need.nbytes:,} B in {need.count} required (ratio "
+                                            f"{figures['saved_bytes_ratio']}); " + "; ".join(named), figures)
+
+
+def _skipped(spec: CaseSpec, why: str) -> list[Verdict]:
+    need = required_saved(spec)
+    figures = {"flops_required": required_flops(spec), "saved_bytes_required": need.nbytes,
+               "saved_count_required": need.count, "waste_skipped": why}
+    figures.update({k: UNKNOWN for k in ("flops_actual", "flops_ratio", "saved_bytes_actual", "saved_bytes_ratio",
+                                         "saved_count_actual")})
+    return [Verdict("te_waste", True, figures=figures)]
+
+
+def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: str | None = None) -> list[Verdict]:
+    """The TE lane's waste verdicts: GEMMs by layer and role, FLOPs, saved bytes, and the FP8 copies kept.
+
+    Not judged (actual figures "unknown", reason in `waste_skipped`) when `skip` says why, or when the run
+    raised (a cut-short run has partial figures; the replay check judges it).
+    """
+    if skip is None and record.error is not None and graph_exists(spec):
+        skip = f"run raised in pass {record.error_pass}"
+    if skip is not None:
+        return _skipped(spec, skip)
+    verdicts = [gemm_work(case_id, backend, spec, record), saved_bytes(case_id, backend, spec, record)]
+    if "te_saved" in record.observations:
+        verdicts.append(saved_copies(case_id, backend, spec, record))
+    elif spec.te is not None and spec.te.recipe is not None:
+        verdicts.append(fp8_copies(case_id, backend, spec, record))
+    return verdicts

@@ -1,0 +1,129 @@
+"""`te-verify expectations update`: rewrite expectations/*.toml from a run's results, like
+`wpt update-expectations`: new failures get "TODO: triage" entries, fixed ones are removed, reasons, links and
+conditions are kept (te_verify.expectations defines the files)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from te_verify.expectations import (_HEADER, _STEM, UNTRIAGED, Expectation, _covers, load_expectations,
+                                    load_file)
+
+
+@dataclass
+class UpdateSummary:
+    """What `update_from_results` changed."""
+
+    # (file, case id) of every xfail entry added for a new failure.
+    added: list[tuple[str, str]] = field(default_factory=list)
+    # (file:line, key) of every entry removed because all its cases passed.
+    removed: list[tuple[str, str]] = field(default_factory=list)
+    # (file:line, key, still-failing case ids) of entries replaced by per-case entries (some cases now pass).
+    narrowed: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    # (backend, case id) of failures that could not be mapped to a file (backend name is not a file stem).
+    unmapped: list[tuple[str, str]] = field(default_factory=list)
+    # Files written.
+    files: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"added {file}: xfail {case!r} ({UNTRIAGED})" for file, case in self.added]
+        out += [f"removed {where}: {key!r} (its cases pass now)" for where, key in self.removed]
+        out += [f"narrowed {where}: {key!r} -> {len(ids)} case entries still failing" for where, key, ids in self.narrowed]
+        out += [f"skipped backend {b!r}, case {c!r}: backend name is not a file stem" for b, c in self.unmapped]
+        return out or ["expectations are up to date"]
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)  # a JSON string literal is a valid TOML basic string
+
+
+def format_entry(status: str, fields: dict[str, str | None]) -> str:
+    """One `[[status]]` table with keys in a fixed order."""
+    order = ("prefix", "glob", "nodeid", "reason", "link", "failure", "te_version", "device")
+    body = [f"{k} = {_toml_str(fields[k])}" for k in order if fields.get(k) is not None]
+    return "\n".join([f"[[{status}]]", *body]) + "\n"
+
+
+def _entry_spans(lines: list[str]) -> dict[int, tuple[int, int]]:
+    """header line (1-based) -> (start, end) 0-based slice of the entry, including the comments just above it."""
+    heads = [n - 1 for n, line in enumerate(lines, 1) if _HEADER.match(line)]
+    starts = []
+    for head in heads:
+        start = head
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        starts.append(start)
+    ends = starts[1:] + [len(lines)]
+    return {head + 1: (start, end) for head, start, end in zip(heads, starts, ends)}
+
+
+def _rewrite(path: Path, replace: dict[int, str], append: list[str]) -> None:
+    """Replace the entries at the given header lines (text "" removes one) and append new entries."""
+    lines = path.read_text().splitlines() if path.exists() else [f"# Known gaps of backend {path.stem!r}; see te_verify/expectations.py."]
+    spans = _entry_spans(lines)
+    for head in sorted(replace, reverse=True):
+        start, end = spans[head]
+        lines[start:end] = replace[head].splitlines() + ([""] if replace[head] else [])
+    text = "\n".join(lines).rstrip() + "\n"
+    for entry in append:
+        text += "\n" + entry
+    path.write_text(text)
+    load_file(path)  # the rewritten file must load; a bug here must not leave a file that breaks the next run
+
+
+def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, directory: Path):
+    """Per file: {header line: replacement text} and entries to append."""
+    by_row = {(e.file, e.status, e.key): e for e in entries}
+    by_name = {(Path(e.file).name, e.status, e.key): e for e in entries}
+    outcomes: dict[Expectation, dict[str, str]] = defaultdict(dict)
+    new_failures: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        exp_row, case_id = row.get("expectation"), row.get("case_id")
+        if exp_row:
+            key = (exp_row["file"], exp_row["status"], exp_row["prefix"])
+            entry = by_row.get(key) or by_name.get((Path(key[0]).name, key[1], key[2]))
+            if entry is not None and entry.status == "xfail" and row["outcome"] in ("xfailed", "xpassed"):
+                outcomes[entry][case_id or row["nodeid"]] = row["outcome"]
+        elif row["outcome"] in ("failed", "error") and case_id:
+            if not _STEM.match(row["backend"]):
+                summary.unmapped.append((row["backend"], case_id))
+            elif any(e.backend == row["backend"] and _covers(e, case_id, row["nodeid"]) for e in entries):
+                continue  # an entry already covers it (e.g. added by an earlier update from the same results)
+            elif case_id not in new_failures[row["backend"]]:
+                new_failures[row["backend"]].append(case_id)
+    replace: dict[Path, dict[int, str]] = defaultdict(dict)
+    for entry, results in outcomes.items():
+        still = sorted(c for c, outcome in results.items() if outcome != "xpassed")
+        if len(still) == len(results):
+            continue
+        replace[Path(entry.file)][entry.line] = "".join(
+            format_entry("xfail", {**vars(entry), "prefix": case, "glob": None, "nodeid": None}) for case in still)
+        if still:
+            summary.narrowed.append((entry.where, entry.key, still))
+        else:
+            summary.removed.append((entry.where, entry.key))
+    append: dict[Path, list[str]] = defaultdict(list)
+    for backend, case_ids in new_failures.items():
+        path = directory / f"{backend}.toml"
+        for case_id in case_ids:
+            append[path].append(format_entry("xfail", {"prefix": case_id, "reason": UNTRIAGED, "link": ""}))
+            summary.added.append((str(path), case_id))
+    return replace, append
+
+
+def update_from_results(results_json: Path, directory: Path) -> UpdateSummary:
+    """Rewrite `directory/*.toml` from a run: add xfail entries (reason "TODO: triage", link "") for failures
+    no entry covers, remove xfail entries whose cases all passed (xpassed), narrow entries of which only some
+    cases passed to per-case entries. Reasons, links, conditions, comments and skip entries are kept."""
+    directory = Path(directory)
+    rows = json.loads(Path(results_json).read_text())["rows"]
+    entries = load_expectations(directory)
+    summary = UpdateSummary()
+    replace, append = _plan(rows, entries, summary, directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(set(replace) | set(append)):
+        _rewrite(path, replace.get(path, {}), append.get(path, []))
+        summary.files.append(str(path))
+    return summary

@@ -1,0 +1,119 @@
+"""GEMMs of TE's Python layer, read at the tex boundary below it (te_verify.tecpu.record), by layer and role.
+
+Works the same over the tex emulation and over TE's real C++ extension on a GPU. Roles come from the layout TE
+asks for (fprop "TN", dgrad "NN" and wgrad "NT" with grad=True). Layers come from provenance, not from TE:
+an fprop or dgrad GEMM's A operand is (a copy of) a parameter, which names its layer; a wgrad GEMM's A operand
+is (a copy of) an activation, whose layer is the one whose fprop consumed it (or its output is the
+parameter's main_grad). A GEMM that cannot be attributed keeps layer "?" and the check says so.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from te_verify.probes import dispatch
+from te_verify.tecpu.record import RootKey, TexGemm, TexRecorder
+
+
+@dataclass(frozen=True)
+class LayerGemm:
+    """A tex GEMM with the layer it belongs to."""
+
+    # Layer label (the module name of its parameter, e.g. "0"), or "?" when it cannot be attributed.
+    layer: str
+    # "fprop", "dgrad", "wgrad" or "unknown".
+    role: str
+    # "forward" or "backward<k>".
+    phase: str
+    # The raw record.
+    gemm: TexGemm
+
+    @property
+    def flops(self) -> int:
+        return self.gemm.flops
+
+
+def layer_of(param_name: str) -> str:
+    """"0.weight" -> "0"; "layers.3.weight0" -> "layers.3"."""
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+def attribute(gemms: list[TexGemm], param_layers: dict[RootKey, str],
+              input_layers: dict[RootKey, str] | None = None) -> list[LayerGemm]:
+    """Each GEMM with its layer, by provenance and data flow (see the module docstring); fills `input_layers`
+    (an activation's root -> the layer whose fprop consumed it) when given."""
+    input_layers = {} if input_layers is None else input_layers
+    attributed = []
+    for g in gemms:
+        layer = None
+        if g.role in ("fprop", "dgrad"):
+            layer = param_layers.get(g.a_root)
+            if g.role == "fprop" and layer is not None and g.b_root is not None:
+                input_layers[g.b_root] = layer
+        elif g.role == "wgrad":
+            layer = input_layers.get(g.a_root) or param_layers.get(g.d_root)
+        phase = g.phase if g.phase == "forward" else f"{g.phase}{g.pass_index}"
+        attributed.append(LayerGemm(layer or "?", g.role, phase, g))
+    return attributed
+
+
+class TexGemmProbe:
+    """Records the tex layer's GEMMs while entered; `bind(model)` names the parameters' layers.
+
+    Storages are named by the shared dispatch watcher (serials for storages made during the run), so provenance
+    and the saved-tensor probe's keys agree and a freed address reused later is never mistaken for its old owner.
+    """
+
+    name = "tex_gemm"
+
+    def __init__(self) -> None:
+        self.recorder = TexRecorder()
+        self.param_layers: dict[RootKey, str] = {}
+        self._model: torch.nn.Module | None = None
+
+    def bind(self, model: torch.nn.Module) -> None:
+        self._model = model
+
+    def __enter__(self) -> "TexGemmProbe":
+        watcher = dispatch.subscribe(self)
+        self.recorder = TexRecorder(storage_key=watcher.key)
+        for name, p in self._model.named_parameters() if self._model is not None else ():
+            self.param_layers[self.recorder.key(p)] = layer_of(name)
+            if isinstance(getattr(p, "main_grad", None), torch.Tensor):
+                self.param_layers[self.recorder.key(p.main_grad)] = layer_of(name)
+        self.recorder.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.recorder.__exit__(*exc)
+        dispatch.unsubscribe(self)
+
+    def phase(self, name: str, index: int = 0) -> None:
+        dispatch.set_phase(name)
+        if name != "idle":
+            self.recorder.phase, self.recorder.pass_index = name, index
+
+    @property
+    def events(self) -> list[LayerGemm]:
+        return attribute(self.recorder.record.gemms, self.param_layers)
+
+    def figures(self) -> dict[str, Any]:
+        events = self.events
+        forward = [e for e in events if e.phase == "forward"]
+        return {
+            "tex_gemm_count": len(events),
+            "tex_gemm_flops": sum(e.flops for e in events),
+            "tex_gemms_by_role": dict(sorted(Counter(e.role for e in events).items())),
+            "tex_gemms_fp8": sum(e.gemm.fp8 for e in events),
+            "te_layers_claimed": sorted({e.layer for e in forward if e.role == "fprop"}),
+            "tex_gemms_unattributed": sum(e.layer == "?" for e in events),
+        }
+
+    def observations(self) -> dict[str, Any]:
+        input_layers: dict[RootKey, str] = {}
+        events = attribute(self.recorder.record.gemms, self.param_layers, input_layers)
+        return {"gemm_log": events, "tex_record": self.recorder.record, "param_layers": dict(self.param_layers),
+                "input_layers": input_layers}

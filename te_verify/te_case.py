@@ -1,0 +1,38 @@
+"""Steps every TE family shares: run the case on its backend under the lane's probes, keep what it raised for the
+report row, and skip (never pass) a run in which thunder's TE executor claimed no linear."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from te_verify.backends.te_eager import skip_unsupported
+from te_verify.caserun import CaseRun
+from te_verify.checks.te_claims import unclaimed_reason
+from te_verify.probes import default_probes
+from te_verify.record import Record
+from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.tecpu.strict import Unemulated
+
+
+def error_figures(record: Record) -> dict:
+    """The class, message and pass of what a run raised (the report row keeps them, e.g. TE 990's second backward)."""
+    if record.error is None:
+        return {}
+    message = str(record.error).splitlines()[0][:300] if str(record.error) else ""
+    return {"error_class": type(record.error).__name__, "error_message": message, "error_pass": record.error_pass}
+
+
+def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:
+    """The case's run under the default probes; its figures and error go to the row; unclaimed runs skip; a run
+    that reached something the tex emulation does not emulate errors with that message (never passes)."""
+    skip_unsupported(case)
+    got = runner(case.spec, case.backend, default_probes(case.backend_name))
+    if isinstance(got.error, Unemulated):
+        raise got.error
+    case.figures.update(got.figures)
+    case.figures.update(error_figures(got))
+    reason = unclaimed_reason(case.spec, got)
+    if reason is not None:
+        pytest.skip(reason)
+    return got

@@ -1,0 +1,204 @@
+"""The record of the tex layer below TE's Python: every GEMM (layout, shapes, pass, operand provenance).
+
+`TexRecorder` wraps the GEMM and quantize entry points of whichever `transformer_engine_torch` is loaded (the
+CPU emulation, or TE's real C++ extension on a GPU), so both give the same fields. TE's Python looks these
+functions up on the module at call time, so wrapping the module's attributes sees every call; nothing in
+TE's Python can skip or fake the record.
+
+Provenance: a GEMM operand is often an FP8 copy, not the tensor it came from. Every quantize maps the copy's
+buffers to its source, so an operand resolves to a root: the parameter it was quantized from (layer known)
+or the activation it was made from (layer known by data flow: the layer whose fprop consumed it).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+TEX_MODULE = "transformer_engine_torch"
+GEMM_ARGS = ("A", "transA", "B", "transB", "D", "quantizer", "output_dtype", "bias", "bias_type", "gelu",
+             "gelu_in", "grad", "workspace", "workspace_size", "accumulate", "use_split_accumulator")
+GROUPED_ARGS = ("A", "transa", "B", "transb", "D", "D_type", "m_splits", "bias", "bias_type", "single_output",
+                "pre_gelu_out", "grad", "workspace", "workspaceSize", "accumulate", "use_split_accumulator")
+# TE's Python asks for each role in its own layout (y = x W^T, dx = dy W, dW = dy^T x); the `grad` flag only
+# selects epilogues and callers differ on it (te.ops passes grad=False to its dgrad/wgrad grouped GEMMs).
+ROLES_BY_LAYOUT = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
+
+RootKey = tuple[Any, int, int]  # (storage identity, storage offset, numel): a tensor or a view of one
+
+
+def root_key(t: torch.Tensor) -> RootKey:
+    """A key by data pointer: safe only while every keyed storage stays alive (the allocator reuses addresses).
+    Probes pass a generation-safe storage identity instead (TexRecorder's `storage_key`)."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+
+
+@dataclass(frozen=True)
+class TexGemm:
+    """One GEMM at the tex boundary (a grouped call gives one per group)."""
+
+    # "forward" or "backward" (set by the probe), and the pass: 0 forward, k the k-th backward.
+    phase: str
+    pass_index: int
+    # tex entry point: "generic_gemm" or "te_general_grouped_gemm".
+    op: str
+    # "TN", "NN" or "NT", and whether TE asked for the gradient epilogues (grad=True).
+    layout: str
+    grad: bool
+    # Output rows, output columns, reduction length.
+    m: int
+    n: int
+    k: int
+    # Whether the operands were FP8 tensors.
+    fp8: bool
+    # Whether the GEMM accumulated into its output (beta != 0), e.g. into main_grad.
+    accumulate: bool
+    # Provenance roots of A, B and the output D (None where D was allocated by the call).
+    a_root: RootKey | None
+    b_root: RootKey | None
+    d_root: RootKey | None
+
+    @property
+    def role(self) -> str:
+        return ROLES_BY_LAYOUT.get(self.layout, "unknown")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass
+class TexRecord:
+    """What one recorder saw."""
+
+    gemms: list[TexGemm] = field(default_factory=list)
+    # Buffer key of a quantized copy -> the root of the tensor it was quantized from.
+    provenance: dict[RootKey, RootKey] = field(default_factory=dict)
+    # Buffer key of a quantized copy -> bytes it holds (data, transpose and scale_inv).
+    copy_bytes: dict[RootKey, int] = field(default_factory=dict)
+
+
+def _buffers(q: Any) -> list[torch.Tensor]:
+    """The plain tensors a quantized tensor holds (rowwise/columnwise data and scales; not a transpose marked
+    invalid, which TE's C++ never reads)."""
+    names = ("_data", "_transpose", "_scale_inv", "_rowwise_data", "_columnwise_data")
+    if getattr(q, "_transpose_invalid", False):
+        names = tuple(n for n in names if n != "_transpose")
+    return [b for b in (getattr(q, n, None) for n in names) if isinstance(b, torch.Tensor)]
+
+
+class TexRecorder:
+    """Wraps the loaded tex module's entry points while entered; `phase` tags the events.
+
+    `storage_key(t)` names a tensor's storage for provenance; by default its data pointer (root_key), which the
+    allocator reuses once a storage is freed, so a run that frees tensors needs a generation-safe key (the
+    probes pass the dispatch watcher's serials).
+    """
+
+    def __init__(self, storage_key: Callable[[torch.Tensor], Any] | None = None) -> None:
+        self.key = (lambda t: (storage_key(t), t.storage_offset(), t.numel())) if storage_key else root_key
+        self.record = TexRecord()
+        self.phase, self.pass_index = "forward", 0
+        self._saved: list[tuple[str, Callable]] = []
+
+    def root(self, t: Any) -> RootKey | None:
+        """The provenance root of an operand: through quantized copies back to the source tensor."""
+        buffers = _buffers(t) or ([t] if isinstance(t, torch.Tensor) else [])
+        if not buffers:
+            return None
+        key, seen = self.key(buffers[0]), set()
+        while key in self.record.provenance and key not in seen:
+            seen.add(key)
+            key = self.record.provenance[key]
+        return key
+
+    def note_copy(self, source: torch.Tensor, copy: Any) -> None:
+        """Map every buffer of a quantized copy to its source's root."""
+        src, buffers = self.root(source), _buffers(copy)
+        for buf in buffers:
+            self.record.provenance[self.key(buf)] = src
+        self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
+
+    def __enter__(self) -> "TexRecorder":
+        tex = sys.modules.get(TEX_MODULE)
+        if tex is None:
+            return self
+        for name, wrap in (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
+                           ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
+                           ("split_quantize", self._wrap_split_quantize)):
+            original = getattr(tex, name, None)
+            if original is not None:
+                self._saved.append((name, original))
+                setattr(tex, name, wrap(original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        tex = sys.modules.get(TEX_MODULE)
+        while self._saved:
+            name, original = self._saved.pop()
+            setattr(tex, name, original)
+
+    def _event(self, op: str, a: Any, transa: bool, b: Any, transb: bool, d: Any, grad: bool, accumulate: bool) -> TexGemm:
+        a_rows, a_cols = _dims2(a.shape)
+        b_rows, b_cols = _dims2(b.shape)
+        m = b_cols if transb else b_rows
+        n = a_rows if transa else a_cols
+        k = a_cols if transa else a_rows
+        fp8 = bool(_buffers(a)) or bool(_buffers(b))
+        layout = ("T" if transa else "N") + ("T" if transb else "N")
+        return TexGemm(self.phase, self.pass_index, op, layout, bool(grad), m, n, k, fp8, bool(accumulate),
+                       self.root(a), self.root(b), self.root(d) if isinstance(d, torch.Tensor) else None)
+
+    def _wrap_gemm(self, original: Callable) -> Callable:
+        def generic_gemm(*args: Any, **kwargs: Any):
+            named = dict(zip(GEMM_ARGS, args), **kwargs)
+            self.record.gemms.append(self._event("generic_gemm", named["A"], named["transA"], named["B"],
+                                                 named["transB"], named["D"], named["grad"], named["accumulate"]))
+            return original(*args, **kwargs)
+        return generic_gemm
+
+    def _wrap_grouped(self, original: Callable) -> Callable:
+        def te_general_grouped_gemm(*args: Any, **kwargs: Any):
+            named = dict(zip(GROUPED_ARGS, args), **kwargs)
+            outs = named["D"] if named["D"] is not None and not named["single_output"] else [None] * len(named["A"])
+            for a, b, d in zip(named["A"], named["B"], outs):
+                if math.prod(a.shape) and math.prod(b.shape):  # TE's storages have a shape but no numel()
+                    self.record.gemms.append(self._event("te_general_grouped_gemm", a, named["transa"], b,
+                                                         named["transb"], d, named["grad"], named["accumulate"]))
+            return original(*args, **kwargs)
+        return te_general_grouped_gemm
+
+    def _wrap_quantize(self, original: Callable) -> Callable:
+        def quantize(tensor, quantizer, output=None, noop=None, *args: Any, **kwargs: Any):
+            out = original(tensor, quantizer, output, noop, *args, **kwargs)
+            if _buffers(out):
+                self.note_copy(tensor, out)
+            return out
+        return quantize
+
+    def _wrap_split_quantize(self, original: Callable) -> Callable:
+        def split_quantize(tensor, split_sections, quantizer_list, *args: Any, **kwargs: Any):
+            outs = original(tensor, split_sections, quantizer_list, *args, **kwargs)
+            for chunk, out in zip(torch.split(tensor, list(split_sections)), outs):
+                if _buffers(out):
+                    self.note_copy(chunk, out)
+            return outs
+        return split_quantize
+
+    def _wrap_bgrad_quantize(self, original: Callable) -> Callable:
+        def bgrad_quantize(grad_output, quantizer):
+            grad_bias, out = original(grad_output, quantizer)
+            if _buffers(out):
+                self.note_copy(grad_output, out)
+            return [grad_bias, out]
+        return bgrad_quantize
+
+
+def _dims2(shape: Any) -> tuple[int, int]:
+    rows = 1
+    for d in tuple(shape)[:-1]:
+        rows *= d
+    return rows, tuple(shape)[-1]

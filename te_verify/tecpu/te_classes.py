@@ -1,0 +1,18 @@
+"""TE's own Python classes the tex functions construct or recognise, looked up after TE is imported."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+_MODULES = {
+    "Float8Quantizer": "transformer_engine.pytorch.tensor.float8_tensor",
+    "Float8CurrentScalingQuantizer": "transformer_engine.pytorch.tensor.float8_tensor",
+    "Float8Tensor": "transformer_engine.pytorch.tensor.float8_tensor",
+    "Float8TensorStorage": "transformer_engine.pytorch.tensor.storage.float8_tensor_storage",
+    "QuantizedTensorStorage": "transformer_engine.pytorch.quantized_tensor",
+}
+
+
+@functools.cache
+def te_class(name: str) -> type:
+    return getattr(importlib.import_module(_MODULES[name]), name)
