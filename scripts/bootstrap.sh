@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv/.te_verify_stamp
-want=$(cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat constraints.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 # Headless Chromium for the report's browser test (Debian package); the test skips with a reason without it.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
@@ -14,4 +14,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 # torch first, alone and pinned: an unpinned resolve would pull the multi-GB CUDA build.
 .venv/bin/pip install --quiet -c constraints.txt torch==2.13.0
 .venv/bin/pip install --quiet -c constraints.txt -e ".[cpu-stack]" pytest pytest-xdist hypothesis jinja2 pyyaml
+# TE's Python layer (a 1.2 MB py3 wheel) without its declared deps, which pull the 729 MB CUDA core library.
+.venv/bin/pip install --quiet --no-deps -c constraints.txt transformer-engine
 echo "$want" > "$stamp"
