@@ -7,6 +7,8 @@
     reason = "thunder's TE executor computes wgrad for frozen weights"
     link = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
     failure = "(frozen weight): 1 wgrad GEMM"     # optional: text the failure must contain, else it is another bug
+    family = "te_peft"                            # optional: only cases of this family (case ids recur across them)
+    exclude = "*-freeze1111-*"                    # optional, with glob: case ids the pattern must not cover
     device = "cuda"                               # optional: "cpu" or "cuda"
     te_version = ">=2.9,<3"                       # optional: a version range; never holds when TE is absent
 
@@ -35,7 +37,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 STATUSES = ("xfail", "skip")
-KEYS = {"prefix", "glob", "nodeid", "reason", "link", "failure", "te_version", "device"}
+KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device"}
 SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
@@ -77,6 +79,10 @@ class Expectation:
     glob: str | None = None
     # Text the failure message must contain for the failure to be this gap (xfail only), or None.
     failure: str | None = None
+    # Case family the entry is limited to, or None.
+    family: str | None = None
+    # With glob: case-id pattern of cases the entry does not cover, or None.
+    exclude: str | None = None
 
     @property
     def key(self) -> str:
@@ -88,7 +94,8 @@ class Expectation:
 
     def to_row(self) -> dict[str, str]:
         """The `expectation` field of a results.json row."""
-        return {"file": self.file, "prefix": self.key, "status": self.status, "reason": self.reason, "link": self.link}
+        return {"file": self.file, "line": self.line, "prefix": self.key, "status": self.status, "reason": self.reason,
+                "link": self.link}
 
 
 def _fail(path: Path, line: int | None, what: str) -> ExpectationsError:
@@ -126,6 +133,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         raise _fail(path, line, f"[[{status}]] {name!r}: missing 'reason'")
     if status == "xfail" and "link" not in entry:
         raise _fail(path, line, f"[[xfail]] {name!r}: missing 'link' (upstream URL)")
+    if "exclude" in entry and "glob" not in entry:
+        raise _fail(path, _key_line(text, "exclude", line), f"[[{status}]] {name!r}: 'exclude' narrows a 'glob' entry only")
     if status == "skip" and "failure" in entry:
         raise _fail(path, _key_line(text, "failure", line), f"[[skip]] {name!r}: 'failure' applies to xfail entries only")
     link = entry.get("link", "")
@@ -141,7 +150,7 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
                        te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
-                       failure=entry.get("failure"))
+                       failure=entry.get("failure"), family=entry.get("family"), exclude=entry.get("exclude"))
 
 
 def load_file(path: Path) -> list[Expectation]:
@@ -164,7 +173,7 @@ def load_file(path: Path) -> list[Expectation]:
         index = counters[status]
         counters[status] += 1
         expectation = _check_entry(path, text, line, status, data[status][index])
-        first = seen.setdefault((expectation.status, expectation.key), line)
+        first = seen.setdefault((expectation.status, expectation.key, expectation.family, expectation.te_version), line)
         if first != line:
             raise _fail(path, line, f"duplicate [[{status}]] {expectation.key!r}, first at line {first}")
         entries.append(expectation)
@@ -205,17 +214,22 @@ def applies(expectation: Expectation, env: dict) -> bool:
     return True
 
 
-def _covers(expectation: Expectation, case_id: str, nodeid: str) -> bool:
+def _covers(expectation: Expectation, case_id: str, nodeid: str, family: str | None = None) -> bool:
+    if expectation.family is not None and family != expectation.family:
+        return False
     if expectation.prefix is not None:
         return case_id.startswith(expectation.prefix)
     if expectation.glob is not None:
-        return fnmatch.fnmatchcase(case_id, expectation.glob)
+        excluded = expectation.exclude is not None and fnmatch.fnmatchcase(case_id, expectation.exclude)
+        return fnmatch.fnmatchcase(case_id, expectation.glob) and not excluded
     return nodeid.startswith(str(expectation.nodeid))
 
 
-def match(expectations: list[Expectation], backend: str, case_id: str, nodeid: str, env: dict) -> Expectation | None:
+def match(expectations: list[Expectation], backend: str, case_id: str, nodeid: str, env: dict,
+          family: str | None = None) -> Expectation | None:
     """The entry for this case, or None. The longest key wins, so a narrow entry overrides a broad one."""
-    found = [e for e in expectations if e.backend == backend and _covers(e, case_id, nodeid) and applies(e, env)]
+    found = [e for e in expectations
+             if e.backend == backend and _covers(e, case_id, nodeid, family) and applies(e, env)]
     return max(found, key=lambda e: len(e.key), default=None)
 
 
@@ -230,9 +244,10 @@ def current_env() -> dict:
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:
     """Entries named by results rows (their `expectation` field): what the controller of an xdist run, which
     collects no items itself, passes to `stale`."""
-    named = {(Path(r["expectation"]["file"]).name, r["expectation"]["status"], r["expectation"]["prefix"])
+    named = {(Path(r["expectation"]["file"]).name, r["expectation"].get("line"), r["expectation"]["prefix"])
              for r in rows if r.get("expectation")}
-    return {e for e in expectations if (Path(e.file).name, e.status, e.key) in named}
+    return {e for e in expectations if (Path(e.file).name, e.line, e.key) in named
+            or (Path(e.file).name, None, e.key) in named}
 
 
 def stale(expectations: list[Expectation], seen: set, env: dict | None = None,

@@ -41,7 +41,7 @@ def _toml_str(value: str) -> str:
 
 def format_entry(status: str, fields: dict[str, str | None]) -> str:
     """One `[[status]]` table with keys in a fixed order."""
-    order = ("prefix", "glob", "nodeid", "reason", "link", "failure", "te_version", "device")
+    order = ("prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device")
     body = [f"{k} = {_toml_str(fields[k])}" for k in order if fields.get(k) is not None]
     return "\n".join([f"[[{status}]]", *body]) + "\n"
 
@@ -89,7 +89,8 @@ def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, 
         elif row["outcome"] in ("failed", "error") and case_id:
             if not _STEM.match(row["backend"]):
                 summary.unmapped.append((row["backend"], case_id))
-            elif any(e.backend == row["backend"] and _covers(e, case_id, row["nodeid"]) for e in entries):
+            elif any(e.backend == row["backend"] and _covers(e, case_id, row["nodeid"], row.get("family"))
+                     for e in entries):
                 continue  # an entry already covers it (e.g. added by an earlier update from the same results)
             elif case_id not in new_failures[row["backend"]]:
                 new_failures[row["backend"]].append(case_id)
@@ -99,7 +100,7 @@ def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, 
         if len(still) == len(results):
             continue
         replace[Path(entry.file)][entry.line] = "".join(
-            format_entry("xfail", {**vars(entry), "prefix": case, "glob": None, "nodeid": None}) for case in still)
+            format_entry("xfail", {**vars(entry), "prefix": case, "glob": None, "exclude": None, "nodeid": None}) for case in still)
         if still:
             summary.narrowed.append((entry.where, entry.key, still))
         else:

@@ -155,7 +155,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         run = _case_of(item)
         backend = run.backend_name if run else _drawn_backend(item)
         case_id = run.spec.id if run else item.name  # tests drawing their own specs match by nodeid entries
-        entry = match(session.expectations, backend, case_id, item.nodeid, session.env)
+        family = run.spec.family if run else getattr(getattr(item, "module", None), "FAMILY", None)
+        entry = match(session.expectations, backend, case_id, item.nodeid, session.env, family)
         if entry is not None:
             item.add_marker(mark_for(entry))
             item.stash[EXPECTATION] = entry

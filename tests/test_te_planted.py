@@ -75,3 +75,14 @@ def test_te_raises_at_the_second_backward_where_thunder_te_completes():
     assert thunder.error is None and not verdict.ok
     assert "completed 2 backward pass(es), but te_eager raised AttributeError at backward pass 2" in verdict.message
     assert "its 2nd pass added gradients" in verdict.message and verdict.figures["replay_drift"] > 0
+
+
+def test_an_unemulated_tex_call_makes_its_case_error_naming_the_function_and_tes_call_site():
+    from test_plugin import run_pytest
+
+    proc = run_pytest("cases/test_te_peft.py", "--tier", "smoke", "--backend", "planted_te_backends:LayerNormLinearTE",
+                      "-k", "freeze1010", "-W", "ignore")
+    out = proc.stdout
+    assert proc.returncode == 1 and " 1 failed" in out and "passed" not in out.splitlines()[-1], out[-2000:]
+    assert "Unemulated: transformer_engine_torch.layernorm_fwd is not emulated on CPU (te_verify.tecpu)" in out
+    assert "called from transformer_engine/pytorch/module/_common.py:" in out and "in apply_normalization" in out

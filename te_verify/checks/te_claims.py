@@ -17,10 +17,10 @@ def thunder_reason(record: Record) -> str | None:
 
 
 def unclaimed_reason(spec: CaseSpec, record: Record) -> str | None:
-    """Why the run is no TE result (it completed, yet no linear reached TE's GEMMs), or None when some linear was
-    claimed, the run raised (a failure, judged by the checks), or it carries no tex record to tell."""
+    """Why the run is no TE result (its forward completed, yet no linear reached TE's GEMMs), or None when some linear was
+    claimed, the forward raised (a failure, judged by the checks), or it carries no tex record to tell."""
     claimed = record.figures.get("te_layers_claimed")
-    if claimed is None or claimed or record.error is not None:
+    if claimed is None or claimed or record.output is None:
         return None
     why = thunder_reason(record)
     return (f"thunder's TE executor claimed none of the {spec.n_layers} linears (no TE GEMM ran); the run used "
