@@ -5,8 +5,7 @@ run (the shared Watcher's storage keys), so parameters, the model input and view
 whatever view or dtype wrapper a backend saves them through. Saved tensors are deduplicated by storage and
 sized by their storage's bytes (what saving keeps alive).
 
-A saved wrapper subclass (TE's Float8Tensor, DTensor: anything with `__tensor_flatten__`) counts as the inner
-tensors it holds. The hooks see what eager autograd saves and what custom autograd.Functions save with
+A saved wrapper subclass (TE's Float8Tensor, DTensor) counts as the inner tensors it holds (`wrapped_tensors`). The hooks see what eager autograd saves and what custom autograd.Functions save with
 ctx.save_for_backward:
 thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked on torch 2.13 / thunder
 0.2.6), so their saves are visible. A backend whose saves bypass the hooks (e.g. a C++ extension keeping its
@@ -70,6 +69,20 @@ def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
     return SavedAttribution("other", None, item.storage_bytes, item.shape)
 
 
+def wrapped_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors a wrapper subclass holds (TE's Float8Tensor, DTensor, ...), or None for a tensor with storage of
+    its own: torch's __tensor_flatten__ protocol where implemented (TE >= 2.20), else its tensor attributes."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return None
+    if hasattr(t, "__tensor_flatten__"):
+        return [getattr(t, attr) for attr in t.__tensor_flatten__()[0]]
+    try:
+        t.untyped_storage().data_ptr()
+        return None
+    except RuntimeError:  # a wrapper made with _make_wrapper_subclass has no storage of its own
+        return [v for v in vars(t).values() if isinstance(v, torch.Tensor)]
+
+
 class SavedTensorsProbe:
     """Records every tensor autograd saves during the run."""
 
@@ -101,10 +114,10 @@ class SavedTensorsProbe:
         dispatch.set_phase(name)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
-            # A wrapper subclass (TE's Float8Tensor, DTensor, ...): what saving keeps alive is its inner tensors.
-            for attr in t.__tensor_flatten__()[0]:
-                self._pack(getattr(t, attr))
+        inner = wrapped_tensors(t)
+        if inner is not None:  # a wrapper subclass: what saving keeps alive is the tensors it holds
+            for tensor in inner:
+                self._pack(tensor)
             return t
         if is_real(t):
             storage = t.untyped_storage()

@@ -19,7 +19,7 @@ import torch
 from te_verify.tecpu import device
 from te_verify.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.tecpu.strict import refuse
-from te_verify.tecpu.te_classes import te_class
+from te_verify.tecpu.te_classes import shape_of, te_class
 
 
 def _is_fp8(t: Any) -> bool:
@@ -130,7 +130,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     if not accumulate and beta != 0.0:
         raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor. "
                            "Beta has nothing to be applied to.")
-    shape = output_shape(tuple(A.shape), transA, tuple(B.shape), transB)
+    shape = output_shape(shape_of(A), transA, shape_of(B), transB)
     dtype = _out_dtype(output_dtype, A)
     if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
@@ -161,14 +161,14 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
     dtype = device.torch_dtype(D_type)
     offset = 0
     for i, (a, b) in enumerate(zip(A, B)):
-        shape = output_shape(tuple(a.shape), transa, tuple(b.shape), transb)
+        shape = output_shape(shape_of(a), transa, shape_of(b), transb)
         rows = shape[0] * shape[1] if len(shape) == 2 else None
         if single_output:
             out = D[0].reshape(-1)[offset:offset + rows].view(shape) if rows else None
             offset += rows or 0
         else:
             out = D[i] if D is not None else None
-        if math.prod(a.shape) == 0 or math.prod(b.shape) == 0:  # TE's storages have a shape but no numel()
+        if math.prod(shape_of(a)) == 0 or math.prod(shape_of(b)) == 0:  # TE's storages have no numel()
             if out is not None and out.numel() and not accumulate:
                 out.zero_()
             if bias[i].numel() and grad:

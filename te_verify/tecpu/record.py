@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import torch
 
+from te_verify.tecpu.te_classes import shape_of
+
 TEX_MODULE = "transformer_engine_torch"
 GEMM_ARGS = ("A", "transA", "B", "transB", "D", "quantizer", "output_dtype", "bias", "bias_type", "gelu",
              "gelu_in", "grad", "workspace", "workspace_size", "accumulate", "use_split_accumulator")
@@ -106,8 +108,8 @@ class TexRecorder:
 
     def root(self, t: Any) -> RootKey | None:
         """The provenance root of an operand: through quantized copies back to the source tensor."""
-        buffers = _buffers(t) or ([t] if isinstance(t, torch.Tensor) else [])
-        if not buffers:
+        buffers = _buffers(t) or ([t] if type(t) in (torch.Tensor, torch.nn.Parameter) else [])
+        if not buffers:  # None, or a wrapper (e.g. a QuantizedTensor) holding no buffers: nothing to follow
             return None
         key, seen = self.key(buffers[0]), set()
         while key in self.record.provenance and key not in seen:
@@ -142,8 +144,8 @@ class TexRecorder:
             setattr(tex, name, original)
 
     def _event(self, op: str, a: Any, transa: bool, b: Any, transb: bool, d: Any, grad: bool, accumulate: bool) -> TexGemm:
-        a_rows, a_cols = _dims2(a.shape)
-        b_rows, b_cols = _dims2(b.shape)
+        a_rows, a_cols = _dims2(shape_of(a))
+        b_rows, b_cols = _dims2(shape_of(b))
         m = b_cols if transb else b_rows
         n = a_rows if transa else a_cols
         k = a_cols if transa else a_rows
@@ -165,7 +167,7 @@ class TexRecorder:
             named = dict(zip(GROUPED_ARGS, args), **kwargs)
             outs = named["D"] if named["D"] is not None and not named["single_output"] else [None] * len(named["A"])
             for a, b, d in zip(named["A"], named["B"], outs):
-                if math.prod(a.shape) and math.prod(b.shape):  # TE's storages have a shape but no numel()
+                if math.prod(shape_of(a)) and math.prod(shape_of(b)):  # TE's storages have no numel()
                     self.record.gemms.append(self._event("te_general_grouped_gemm", a, named["transa"], b,
                                                          named["transb"], d, named["grad"], named["accumulate"]))
             return original(*args, **kwargs)

@@ -16,3 +16,9 @@ _MODULES = {
 @functools.cache
 def te_class(name: str) -> type:
     return getattr(importlib.import_module(_MODULES[name]), name)
+
+
+def shape_of(t: object) -> tuple[int, ...]:
+    """A tensor's or a TE storage's shape (TE's storages have `.shape` from 2.20 on, `size()` before)."""
+    shape = getattr(t, "shape", None)
+    return tuple(shape) if shape is not None else tuple(t.size())

@@ -1,0 +1,87 @@
+"""Run the TE lane against several TE versions, each in its own environment, and compare them.
+
+    .venv/bin/python scripts/te_versions.py 2.14.0 2.20.2 [--tier pr] [--out reports/te_versions]
+
+For each version: `pip install --no-deps --target .te-versions/<version> transformer-engine==<version>` (once),
+then the TE families with that directory first on PYTHONPATH (its TE Python and dist-info shadow the pinned one;
+the tex emulation serves it from surfaces/tex_<version>.json), writing one report per version to <out>/<version>.
+Then `te-verify report diff` of the first and the last version, and gaps.md: for every known-gap entry, how its
+cases ended in each version (xfailed: the gap holds; xpassed: it does not; failed: the case failed otherwise).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ROOT / ".venv" / "bin" / "python"
+TE_CASES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cases").glob("test_te_*.py"))
+
+
+def install(version: str) -> Path:
+    target = ROOT / ".te-versions" / version
+    if not (target / f"transformer_engine-{version}.dist-info").exists():
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                        f"transformer-engine=={version}"], check=True)
+    return target
+
+
+def run_lane(version: str, target: Path, tier: str, out: Path) -> Path:
+    report = out / version
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+    cmd = [str(PYTHON), "-m", "pytest", *TE_CASES, "-q", "-p", "no:cacheprovider", "-W", "ignore", "-n", "2",
+           "--tier", tier, "--backend", "te_eager", "--backend", "thunder_te", "--report-dir", str(report)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if not (report / "results.json").exists():  # a version the emulation cannot serve stops at start, in one line
+        raise SystemExit(f"te_versions: TE {version}: {(proc.stdout + proc.stderr).strip().splitlines()[-1]}")
+    return report / "results.json"
+
+
+def outcomes(results: Path) -> collections.Counter:
+    return collections.Counter(r["outcome"] for r in json.loads(results.read_text())["rows"])
+
+
+def gaps_table(results: dict[str, Path]) -> str:
+    """Markdown: one row per known-gap reason and link, one column per version (outcome counts of its cases)."""
+    cells: dict[tuple[str, str], dict[str, collections.Counter]] = collections.defaultdict(
+        lambda: collections.defaultdict(collections.Counter))
+    for version, path in results.items():
+        for row in json.loads(path.read_text())["rows"]:
+            exp = row.get("expectation")
+            if exp and row["outcome"] in ("xfailed", "xpassed", "failed"):
+                cells[(f"{row['backend']}: {exp['reason']}", exp["link"])][version][row["outcome"]] += 1
+    versions = list(results)
+    lines = ["| known gap | link | " + " | ".join(f"TE {v}" for v in versions) + " |",
+             "|---|---|" + "---|" * len(versions)]
+    for (reason, link), per in sorted(cells.items()):
+        counts = [", ".join(f"{n} {o}" for o, n in sorted(per[v].items())) or "-" for v in versions]
+        lines.append(f"| {reason} | {link} | " + " | ".join(counts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("versions", nargs="+")
+    parser.add_argument("--tier", default="pr")
+    parser.add_argument("--out", default=str(ROOT / "reports" / "te_versions"))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    results = {v: run_lane(v, install(v), args.tier, out) for v in args.versions}
+    for version, path in results.items():
+        print(f"TE {version}: " + ", ".join(f"{n} {o}" for o, n in sorted(outcomes(path).items())) + f" ({path})")
+    (out / "gaps.md").write_text(gaps_table(results))
+    print(f"known gaps by version: {out / 'gaps.md'}")
+    if len(results) > 1:
+        first, last = results[args.versions[0]], results[args.versions[-1]]
+        subprocess.run([str(ROOT / ".venv" / "bin" / "te-verify"), "report", "diff", str(first), str(last)],
+                       cwd=out, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""How a run ended: completed every backward pass, or raised (which class, at which pass); and how far a replay's
+gradients drifted from the first pass's. Shared by the replay, parity and presence checks, so that no check can
+pass a run that ended otherwise than its reference."""
+from __future__ import annotations
+
+from te_verify.record import Record
+
+
+def _describe(record: Record) -> str:
+    if record.error is None:
+        return f"completed {record.passes_done} backward pass(es)"
+    where = "before/at forward" if record.error_pass == 0 else f"at backward pass {record.error_pass}"
+    return f"raised {type(record.error).__name__} {where}: {str(record.error).splitlines()[0][:200] if str(record.error) else ''}"
+
+
+def replay_drift(record: Record) -> float | None:
+    """How far the 2nd backward pass's contribution is from the 1st's: max over gradients of
+    ||(g2 - g1) - g1|| / ||g1|| (0.0 when a replay adds exactly what the first pass did)."""
+    if record.passes_done < 2:
+        return None
+    first, second = record.grads[0], record.grads[1]
+    drifts = [float(((second[n] - first[n]) - first[n]).double().norm() / first[n].double().norm())
+              for n in first if first[n] is not None and second.get(n) is not None and first[n].double().norm() > 0]
+    return round(max(drifts), 4) if drifts else None
+
+
+def _drift_note(record: Record) -> str:
+    drift = replay_drift(record)
+    return "" if drift is None else f"; its 2nd pass added gradients {drift:.1%} away from its 1st (norm-relative)"
+
+
+def ending_mismatch(ref: Record, got: Record) -> str | None:
+    """None when both runs ended alike (both completed every pass, or raised the same class at the same pass);
+    else what each did, e.g. "raised AttributeError at backward pass 2: ..., but eager completed 2 ..."."""
+    same = (ref.error is None and got.error is None) or (
+        ref.error is not None and got.error is not None and type(ref.error) is type(got.error)
+        and ref.error_pass == got.error_pass)
+    if same:
+        return None
+    return f"{_describe(got)}, but {ref.backend} {_describe(ref)}" + (_drift_note(got) if ref.error is not None else "")
