@@ -1,4 +1,5 @@
-"""Measure a tier: wall time, cases per backend, time per case, compilations; from a fresh run's results.json.
+"""Measure a tier: wall time, cases per backend, time per case (overall and the TE lane's), compilations, and the
+import time of TE's Python over the tex emulation; from a fresh run's results.json.
 
     .venv/bin/python scripts/bench_pr.py [--tier pr] [--report-dir DIR] [extra te-verify run args]
 """
@@ -34,8 +35,28 @@ def summarise(results: dict, wall: float) -> str:
         f"thunder compilations: {sum(thunder)} over {len(thunder)} thunder cases (max per case {max(thunder, default=0)})",
         f"all compilations: max per case per backend {max(compilations, default=0)}",
         "per backend: " + ", ".join(f"{b} {o} {n}" for (b, o), n in sorted(by_backend.items())),
+        te_lane_line(rows),
     ]
     return "\n".join(lines)
+
+
+def te_lane_line(rows: list[dict]) -> str:
+    """Time per TE-lane case that ran (passed or a known gap), per backend."""
+    te = [r for r in rows if r["family"].startswith("te_") and r["outcome"] in ("passed", "xfailed")]
+    parts = []
+    for backend in sorted({r["backend"] for r in te}):
+        d = [r["duration"] for r in te if r["backend"] == backend]
+        parts.append(f"{backend} {len(d)} cases, median {statistics.median(d):.3f} s, mean {statistics.mean(d):.3f} s")
+    return "TE lane per case: " + "; ".join(parts)
+
+
+def te_import_seconds(repeats: int = 3) -> float:
+    """Median wall time of booting TE's Python over the emulation in a fresh interpreter (torch already imported)."""
+    code = ("import time, torch; t = time.perf_counter(); from te_verify import tecpu; tecpu.boot(); "
+            "print(time.perf_counter() - t)")
+    runs = [float(subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                                 check=True).stdout.strip().splitlines()[-1]) for _ in range(repeats)]
+    return statistics.median(runs)
 
 
 def main() -> int:
@@ -49,6 +70,7 @@ def main() -> int:
     wall = time.monotonic() - start
     results = json.loads((Path(args.report_dir) / "results.json").read_text())
     print(summarise(results, wall))
+    print(f"TE import (TE 2.20.2 Python over the tex emulation, median of 3): {te_import_seconds():.2f} s")
     return code
 
 
