@@ -10,12 +10,13 @@ from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
+from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict
 from te_verify.fp8 import fp8_dims_ok
 from te_verify.matrix_te import fp8_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import run_te
+from te_verify.te_case import output_reference, run_te
 
 FAMILY = "te_fp8"
 LANE = "te"
@@ -55,7 +56,9 @@ def test_te_fp8(case):
         return
     tol = tolerance_for(spec, case.backend_name)
     verdicts = [replay_semantics(spec.id, case.backend_name, ref, got, tol),
+                output_parity(spec.id, case.backend_name, output_reference(spec), got, tol),
                 grad_parity(spec.id, case.backend_name, ref, got, tol),
+                state_left_behind(spec.id, case.backend_name, ref, got, tol),
                 *te_waste(spec.id, case.backend_name, spec, got)]
     if case.backend_name != "te_eager":
         vs_te = grad_parity(spec.id, case.backend_name, run_mean_reduced(spec, TEEagerBackend()), got, tol)

@@ -10,10 +10,11 @@ from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
+from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import run_te
+from te_verify.te_case import output_reference, run_te
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -22,7 +23,10 @@ LANE = "te"
 def test_te_replay(case):
     spec = case.spec
     got = run_te(case)
-    reference = EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend()
-    ref = run_mean_reduced(spec, reference)
-    verdict = replay_semantics(spec.id, case.backend_name, ref, got, tolerance_for(spec, case.backend_name))
-    case.require([verdict, *te_waste(spec.id, case.backend_name, spec, got)])
+    ref = run_mean_reduced(spec, EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend())
+    outputs_ref = output_reference(spec) if case.backend_name == "te_eager" else ref
+    tol = tolerance_for(spec, case.backend_name)
+    case.require([replay_semantics(spec.id, case.backend_name, ref, got, tol),
+                  output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
+                  state_left_behind(spec.id, case.backend_name, ref, got, tol),
+                  *te_waste(spec.id, case.backend_name, spec, got)])

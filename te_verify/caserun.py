@@ -8,6 +8,7 @@ from te_verify.backends.eager import EagerBackend
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
+from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
@@ -39,8 +40,10 @@ class CaseRun:
         case_id, name = self.spec.id, self.backend_name
         return [
             replay_semantics(case_id, name, ref, got, tol),
+            output_parity(case_id, name, ref, got, tol),
             grad_presence(case_id, name, ref, got),
             grad_parity(case_id, name, ref, got, tol),
+            state_left_behind(case_id, name, ref, got, tol),
         ]
 
     def verify(self) -> list[Verdict]:

@@ -135,7 +135,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         runs = [CaseRun(spec, spec.dist.wrapper, None) for spec in specs]
     else:
         runs = [CaseRun(spec, name, backend) for name, backend in session.lane_backends(module.LANE) for spec in specs]
-    metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}" for r in runs])
+    # indirect: the `case` fixture below skips a backend that is unavailable here, with its reason
+    metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}" for r in runs], indirect=True)
 
 
 @pytest.fixture
@@ -148,8 +149,21 @@ def case(request: pytest.FixtureRequest) -> CaseRun:
     return run
 
 
+def _without_backend(item: pytest.Item) -> bool:
+    """An item of a lane none of whose backends was selected (pytest's empty parameter set)."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec else {}
+    return any(name in params and not isinstance(params[name], kind)
+               for name, kind in (("case", CaseRun), ("lane_backend", tuple)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Known gaps become strict xfails (or skips) here, before anything runs."""
+    """A lane with no selected backend collects nothing; known gaps become strict xfails (or skips) here,
+    before anything runs."""
+    empty = [item for item in items if _without_backend(item)]
+    if empty:
+        items[:] = [item for item in items if not _without_backend(item)]
+        config.hook.pytest_deselected(items=empty)
     session = config.stash[SESSION]
     for item in items:
         run = _case_of(item)
@@ -172,7 +186,7 @@ def _drawn_backend(item: pytest.Item) -> str:
     """The backend of a test that draws its own specs (parametrized over `lane_backend`), else "-"."""
     callspec = getattr(item, "callspec", None)
     pair = callspec.params.get("lane_backend") if callspec else None
-    return pair[0] if pair else "-"
+    return pair[0] if isinstance(pair, tuple) else "-"
 
 
 def _outcome(report: pytest.TestReport) -> str:

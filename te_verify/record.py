@@ -17,6 +17,12 @@ class Record:
     backend: str
     # Forward output, detached (None if the forward raised).
     output: torch.Tensor | None = None
+    # Every forward output of the run, in order: warm-up steps, the measured forward, or each microbatch.
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    # The model's parameters and buffers ("param:<name>", "buffer:<name>") before the backend ran and after the
+    # last backward pass: what the run left behind (a backend must not write into them).
+    state_before: dict[str, torch.Tensor] = field(default_factory=dict)
+    state_after: dict[str, torch.Tensor] = field(default_factory=dict)
     # grads[k] = gradients after backward pass k+1, by qualified parameter name (INPUT_GRAD for the input);
     # None where the gradient is None.
     grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)

@@ -33,10 +33,20 @@ def prepare_frozen(backend: Backend, model: torch.nn.Module, spec: CaseSpec):
     return fn
 
 
-def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int) -> None:
-    """Run plain training steps, then clear every gradient so the measured pass starts clean."""
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter's and buffer's values, by qualified name."""
+    state = {f"param:{n}": p.detach().clone() for n, p in model.named_parameters()}
+    state.update({f"buffer:{n}": b.detach().clone() for n, b in model.named_buffers()})
+    return state
+
+
+def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: Record) -> None:
+    """Run plain training steps (their outputs go to the record), then clear every gradient so the measured pass
+    starts clean."""
     for _ in range(steps):
-        fn(inputs.x).backward(inputs.grad_output)
+        out = fn(inputs.x)
+        record.outputs.append(out.detach().clone())
+        out.backward(inputs.grad_output)
     model.zero_grad(set_to_none=True)
     inputs.x.grad = None
 
@@ -54,7 +64,7 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
         getattr(probe, "bind", lambda m: None)(model)
     stage = 0
     try:
-        warm_up(fn, model, inputs, spec.warmup_steps)
+        warm_up(fn, model, inputs, spec.warmup_steps, record)
     except Exception as exc:
         record.error, record.error_pass = exc, 0
         return record
@@ -66,6 +76,7 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
             out = fn(inputs.x)
             _set_phase(probes, "idle")  # the harness's own copies are not the run's work or memory
             record.output = out.detach().clone()
+            record.outputs.append(record.output)
             for k in range(1, spec.replays + 1):
                 stage = k
                 _set_phase(probes, "backward", k)
@@ -74,6 +85,7 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
                 record.grads.append(snapshot_grads(model, inputs.x))
         except Exception as exc:  # a raise is an observation the replay check compares with eager's
             record.error, record.error_pass = exc, stage
+    record.state_after = model_state(model)
     for probe in probes:
         record.figures.update(probe.figures())
         record.observations.update(probe.observations())
@@ -81,8 +93,10 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
 
 
 def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
-    """Build the seeded model and let the backend prepare it; a raise is recorded (pass 0) and gives None."""
+    """Build the seeded model and let the backend prepare it; a raise is recorded (pass 0) and gives None. The
+    model's state as built is recorded first (what a backend must leave as it found it)."""
     model = build_model(spec)
+    record.state_before = model_state(model)
     try:
         return model, prepare_frozen(backend, model, spec)
     except Exception as exc:

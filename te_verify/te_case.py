@@ -6,11 +6,16 @@ from typing import Callable
 
 import pytest
 
-from te_verify.backends.te_eager import skip_unsupported
+import dataclasses
+
+from te_verify import te_api
+from te_verify.backends.eager import EagerBackend
+from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.caserun import CaseRun
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.probes import default_probes
 from te_verify.record import Record
+from te_verify.spec import CaseSpec
 from te_verify.reference.microbatch import run_mean_reduced
 from te_verify.tecpu.strict import Unemulated
 
@@ -21,6 +26,21 @@ def error_figures(record: Record) -> dict:
         return {}
     message = str(record.error).splitlines()[0][:300] if str(record.error) else ""
     return {"error_class": type(record.error).__name__, "error_message": message, "error_pass": record.error_pass}
+
+
+REFERENCE_KINDS = {"ops_linear": "linear", "ops_grouped_linear": "grouped_linear"}
+
+
+def output_reference(spec: CaseSpec, runner: Callable = run_mean_reduced) -> Record:
+    """What forward outputs are held to: fp32 eager, or for FP8 cases eager on FP8-rounded operands, as TE's own
+    tests build their references (FP8's elementwise error scales with a dot product's terms, not its result). The
+    quantized-operand forward is te_verify.reference's (same saturating cast, TE's scale rules, delayed scaling's
+    history), on the module kind with the same numerics."""
+    if spec.te is None or spec.te.recipe is None:
+        return runner(spec, EagerBackend())
+    kind = REFERENCE_KINDS.get(spec.te.module, spec.te.module)
+    with te_api.using(te_api.resolve("reference")):
+        return runner(spec.replace(te=dataclasses.replace(spec.te, module=kind)), TEEagerBackend())
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:

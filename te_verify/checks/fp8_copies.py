@@ -1,5 +1,6 @@
 """Which FP8 copies a TE run kept for backward, by layer: autograd's saved storages (probes.saved) joined with
-the tex record's provenance (probes.tex_gemm), both measured below TE's Python.
+the tex record's provenance (probes.tex_gemm), both measured below TE's Python; for a pure-PyTorch --te-impl,
+the saved storages the aten watcher traced through casts to a weight or a layer input.
 
 A saved storage that is a buffer of a quantized copy (rowwise data, columnwise data or its scale_inv) belongs to
 the copy's source: a parameter (the layer's weight copy, needed iff its dgrad is) or an activation (the layer's
@@ -12,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from te_verify.checks.verdict import Verdict
-from te_verify.oracle import fp8_copy_bytes, sites
+from te_verify.oracle import SCALE_INV_BYTES, fp8_copy_bytes, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -30,11 +31,20 @@ class SavedCopy:
     nbytes: int
 
 
-def saved_fp8_copies(record: Record) -> list[SavedCopy] | None:
-    """The FP8 copies among the run's new saved storages; None without both records."""
+def saved_fp8_copies(spec: CaseSpec, record: Record) -> list[SavedCopy] | None:
+    """The FP8 copies among the run's new saved storages: from the tex record's provenance under TE's Python,
+    else from the copies the aten watcher followed (a pure-PyTorch --te-impl); None without either."""
     obs = record.observations
-    if "tex_record" not in obs or "saved_items" not in obs:
+    if "saved_items" not in obs:
         return None
+    if "tex_record" in obs:
+        return _tex_copies(obs)
+    if any(a.kind in ("weight_copy", "input_copy") for a in obs.get("saved_storages", [])):
+        return _aten_copies(spec, obs)
+    return None
+
+
+def _tex_copies(obs: dict) -> list[SavedCopy]:
     by_storage = {key[0]: source for key, source in obs["tex_record"].provenance.items()}
     copies: dict[tuple[str, str], list[int]] = defaultdict(list)
     seen = set()
@@ -50,12 +60,26 @@ def saved_fp8_copies(record: Record) -> list[SavedCopy] | None:
     return [SavedCopy(layer, kind, len(sizes), sum(sizes)) for (layer, kind), sizes in sorted(copies.items())]
 
 
+def _aten_copies(spec: CaseSpec, obs: dict) -> list[SavedCopy]:
+    """Copies traced to their weight or input through the casts that made them. A scale_inv is computed from an
+    amax (a reduction, not a copy), so it cannot be traced: each copy is credited its 4-byte scale_inv."""
+    labels = [site.label for site in sites(spec)]
+    copies: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for a in obs["saved_storages"]:
+        if a.kind in ("weight_copy", "input_copy") and a.layer is not None:
+            label = labels[a.layer] if a.layer < len(labels) else "?"
+            copies[(label, a.kind.removesuffix("_copy"))].append(a.nbytes)
+    return [SavedCopy(layer, kind, len(sizes) + 1, sum(sizes) + SCALE_INV_BYTES)
+            for (layer, kind), sizes in sorted(copies.items())]
+
+
 def fp8_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
     """Every layer kept exactly the FP8 copies its backward GEMMs read: an input copy iff its wgrad is required,
     a weight copy iff its dgrad is, one layout each (oracle.fp8_copy_bytes)."""
-    copies = saved_fp8_copies(record)
+    copies = saved_fp8_copies(spec, record)
     if copies is None:
-        return Verdict("fp8_copies", False, f"[{case_id}] backend {backend}: no tex record or saved-tensor record")
+        return Verdict("fp8_copies", False, f"[{case_id}] backend {backend}: no record of the copies saved (tex "
+                                              f"record, or aten copies followed, with saved tensors)")
     got = {(c.layer, c.kind): c for c in copies}
     problems = []
     for site in sites(spec):

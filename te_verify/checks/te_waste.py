@@ -3,18 +3,20 @@
 saved-for-backward bytes, and which FP8 copies were kept. Pure functions of records.
 
 Sources, all below the implementation under test: the GEMMs come from the tex record (probes.tex_gemm, TE's
-Python over real or emulated tex) or, under --te-impl reference, from the reference's GEMM log (which also logs
-its bias reductions, so bgrad is checked there); saved bytes from autograd's saved-tensor hooks (probes.saved);
-FP8 copies by joining the two (checks.fp8_copies), or the reference's own saved-copy events.
+Python over real or emulated tex) or, for a pure-PyTorch --te-impl, from the aten GEMMs it dispatches
+(probes.flops); saved bytes from autograd's saved-tensor hooks (probes.saved); FP8 copies by joining the tex record
+with them (checks.fp8_copies). The reference's own GEMM log is a second source: `gemm_sources_agree` holds it to
+the aten count, and its saved-copy events name the layer of a surplus.
 """
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, waste_ratio
-from te_verify.oracle import graph_exists, required_flops, required_roles, required_saved
+from te_verify.oracle import graph_exists, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -48,9 +50,47 @@ def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
     return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
 
 
+@dataclass(frozen=True)
+class SiteGemm:
+    """An aten GEMM (probes.flops) seen as a site's: its layer label ("?" when unattributed), role and FLOPs."""
+
+    layer: str
+    role: str
+    flops: int
+
+
+def measured_gemms(spec: CaseSpec, record: Record) -> list | None:
+    """The run's GEMMs from the source below the implementation: the tex record, else aten's (whose layer indices
+    count the model's linear weights in order, which is the order of the oracle's sites)."""
+    if "gemm_log" in record.observations:
+        return record.observations["gemm_log"]
+    if "gemm_events" in record.observations:
+        labels = [site.label for site in sites(spec)]
+        return [SiteGemm("?" if e.layer is None or e.layer >= len(labels) else labels[e.layer], e.role, e.flops)
+                for e in record.observations["gemm_events"]]
+    return None
+
+
+def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """The implementation's own GEMM log (the reference's) names the GEMMs aten saw: the same count per role, and
+    per (layer, role) where aten could attribute them."""
+    logged = Counter((e.layer, e.role) for e in record.observations["reference_gemm_log"] if e.role != "bgrad")
+    measured = Counter((e.layer, e.role) for e in measured_gemms(spec, record) or [])
+    by_role = lambda c: Counter({r: sum(n for (_, role), n in c.items() if role == r) for r in {k[1] for k in c}})
+    attributed = {k: n for k, n in measured.items() if k[0] != "?"}
+    problems = [f"{role}: the log has {by_role(logged)[role]}, aten ran {by_role(measured)[role]}"
+                for role in sorted(set(by_role(logged)) | set(by_role(measured))) if by_role(logged)[role] != by_role(measured)[role]]
+    problems += [f"layer {layer} {role}: the log has {logged[(layer, role)]}, aten ran {n}"
+                 for (layer, role), n in sorted(attributed.items()) if logged[(layer, role)] != n]
+    if problems:
+        return Verdict("gemm_sources_agree", False, f"[{case_id}] backend {backend}: the implementation's GEMM log "
+                                                    f"disagrees with the GEMMs it dispatched: " + "; ".join(problems))
+    return Verdict("gemm_sources_agree", True)
+
+
 def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
     """Each backward pass runs exactly the required GEMMs per layer; the forward one fprop per layer."""
-    events = record.observations.get("gemm_log")
+    events = measured_gemms(spec, record)
     if events is None:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: no GEMM record (run without its probe?)")
     problems = _count_problems(spec, events, record.passes_done)
@@ -84,7 +124,7 @@ def saved_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> 
 
 def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events."""
-    if saved_fp8_copies(record):
+    if saved_fp8_copies(spec, record):
         return ["the FP8 copies kept, by site, are in the fp8_copies check"]
     required = required_roles(spec)
     return [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
@@ -130,6 +170,8 @@ def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: s
     if skip is not None:
         return _skipped(spec, skip)
     verdicts = [gemm_work(case_id, backend, spec, record), saved_bytes(case_id, backend, spec, record)]
+    if "reference_gemm_log" in record.observations:
+        verdicts.append(gemm_sources_agree(case_id, backend, spec, record))
     if "te_saved" in record.observations:
         verdicts.append(saved_copies(case_id, backend, spec, record))
     elif spec.te is not None and spec.te.recipe is not None:

@@ -8,27 +8,32 @@ TE_BACKENDS = ("te_eager", "thunder_te")
 
 
 def default_probes(backend_name: str) -> list[Probe]:
-    """The waste probes a single-process case runs under.
+    """The waste probes a single-process case runs under, all measuring below the implementation under test.
 
     Torch-lane backends: GEMMs by role (aten dispatch), saved tensors, peak memory; eager, thunder's torch
-    executor and torch.compile all go through aten. TE backends over TE's Python (real or on the tex
-    emulation): the tex layer's GEMMs by layer and role (probes.tex_gemm), saved tensors, warnings; over the
-    reference: its GEMM log.
+    executor and torch.compile all go through aten. TE backends over TE's Python (real or on the tex emulation):
+    the tex layer's GEMMs by layer and role (probes.tex_gemm) instead of aten's. TE backends over a pure-PyTorch
+    --te-impl (the reference, a user's module): aten's GEMMs, and the reference's own GEMM log as a second source
+    the checks hold to agree with it. Every TE backend also records warnings.
     """
-    from te_verify.probes.saved import SavedTensorsProbe
-    from te_verify.probes.warnings import WarningsProbe
-
-    if backend_name in TE_BACKENDS:
-        from te_verify import te_api
-
-        if te_api.active().runs_te_python:
-            from te_verify.probes.tex_gemm import TexGemmProbe
-
-            return [TexGemmProbe(), SavedTensorsProbe(), WarningsProbe()]
-        from te_verify.reference.gemm_probe import GemmProbe as ReferenceGemmProbe
-
-        return [ReferenceGemmProbe(), SavedTensorsProbe(), WarningsProbe()]
     from te_verify.probes.flops import GemmProbe
     from te_verify.probes.memory import PeakMemoryProbe
+    from te_verify.probes.saved import SavedTensorsProbe
 
-    return [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
+    if backend_name not in TE_BACKENDS:
+        return [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
+    from te_verify import te_api
+    from te_verify.probes.warnings import WarningsProbe
+
+    impl = te_api.active()
+    if impl.runs_te_python:
+        from te_verify.probes.tex_gemm import TexGemmProbe
+
+        return [TexGemmProbe(), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
+    # An FP8 --te-impl multiplies rounded copies: follow copies back to the weights and activations they came from.
+    probes = [GemmProbe(follow_copies=True), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
+    if impl.kind == te_api.REFERENCE:
+        from te_verify.reference.gemm_probe import GemmProbe as ReferenceGemmProbe
+
+        probes.append(ReferenceGemmProbe())
+    return probes

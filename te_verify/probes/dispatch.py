@@ -16,8 +16,14 @@ Why a dispatch mode and what it sees:
 - Cost: a Python dispatch hook costs a few microseconds per aten op whatever it does (about 2.5x the step
   time of the pr tier's 0.2 ms stacks for a do-nothing mode); the hook below keeps its own work to a few
   dict lookups per op, so the probes' overhead is per op, not per FLOP.
-- Layers: a stack of linear layers is a chain, so the k-th distinct parameter used as a GEMM operand in the
-  forward phase is the weight of layer k; the other operand of that GEMM is the layer's input.
+- Copies (opt-in, `follow_copies`): a fresh tensor made by a non-GEMM op from exactly one tensor of the same size,
+  all other tensor arguments being scalars (a cast, a scale, a quantize or dequantize, a contiguous copy), is
+  traced back to it, so a GEMM on an FP8-rounded copy of a weight or activation still names them. Off by
+  default: it costs a few more lookups per op.
+- Layers: probes that know the model bind its linear weights (`bind_weights`, in layer order), and a forward GEMM
+  with an operand on a weight's storage (the Parameter itself or any view or reinterpretation of it, as
+  inductor's compiled code passes it) is that layer's; its other operand is the layer's input. Unbound, the k-th
+  distinct Parameter used as a forward GEMM operand is the weight of layer k.
 """
 from __future__ import annotations
 
@@ -45,13 +51,20 @@ class LayerMap:
     weight_shapes: list[tuple[int, ...]] = field(default_factory=list)
     # Storage keys of each layer's input (the non-weight operand of its forward GEMMs).
     input_keys: list[set] = field(default_factory=list)
-    # 2-D shape of each layer's input as the GEMM saw it.
-    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    # The same inputs as views (storage key, offset, numel): compilers pack several activations into one storage.
+    input_views: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+    # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
+    input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Indexes for the per-GEMM lookups: weight key -> layer; input key -> layer, None if several layers had it.
     _weight_layer: dict[StorageKey, int] = field(default_factory=dict, repr=False)
     _input_layer: dict[StorageKey, int | None] = field(default_factory=dict, repr=False)
 
-    def add_layer(self, weight_key: StorageKey, weight_shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int:
+    def set_input_shape(self, layer: int, shape: tuple[int, ...]) -> None:
+        if self.input_shapes[layer] is None:
+            self.input_shapes[layer] = shape
+
+    def add_layer(self, weight_key: StorageKey, weight_shape: tuple[int, ...],
+                  input_shape: tuple[int, ...] | None) -> int:
         self._weight_layer[weight_key] = len(self.weight_keys)
         self.weight_keys.append(weight_key)
         self.weight_shapes.append(weight_shape)
@@ -59,9 +72,14 @@ class LayerMap:
         self.input_shapes.append(input_shape)
         return len(self.weight_keys) - 1
 
-    def add_input(self, layer: int, key: StorageKey) -> None:
+    def add_input(self, layer: int, key: StorageKey, view: tuple | None = None) -> None:
         self.input_keys[layer].add(key)
         self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
+        if view is not None:
+            self.input_views[view] = layer if self.input_views.get(view, layer) == layer else None
+
+    def layer_of_input_view(self, view: tuple) -> int | None:
+        return self.input_views.get(view)
 
     def layer_of_weight(self, key: StorageKey) -> int | None:
         return self._weight_layer.get(key)
@@ -137,12 +155,32 @@ class Watcher(TorchDispatchMode):
         self.current_bytes = 0
         self.peak_bytes = 0
         self.window_peak_bytes = 0  # peak since the last reset_window()
+        self.follow_copies = False
+        self._derived: dict[tuple, tuple] = {}  # a copy's view key -> the view it was made from
 
     def reset_window(self) -> None:
         self.window_peak_bytes = self.current_bytes
 
     def key(self, t: torch.Tensor) -> StorageKey:
         return self.key_of_storage(t.untyped_storage())
+
+    def view_key(self, t: torch.Tensor) -> tuple:
+        """A tensor as a view: (storage key, storage offset, numel); a transpose or reshape keeps it."""
+        return (self.key(t), t.storage_offset(), t.numel())
+
+    def root_view(self, t: torch.Tensor) -> tuple:
+        """The view a tensor was copied from, through every copy followed (itself when none was)."""
+        view, seen = self.view_key(t), set()
+        while view in self._derived and view not in seen:
+            seen.add(view)
+            view = self._derived[view]
+        return view
+
+    def _note_copy(self, out: torch.Tensor, args: tuple) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and is_real(a)]
+        sources = [a for a in tensors if a.numel() == out.numel()]
+        if len(sources) == 1 and all(a.numel() <= 1 for a in tensors if a is not sources[0]):
+            self._derived[self.view_key(out)] = self.root_view(sources[0])
 
     def key_of_storage(self, storage: torch.UntypedStorage) -> StorageKey:
         """The serial (an int) of a storage made during the run, else ("pre", data_ptr)."""
@@ -170,6 +208,8 @@ class Watcher(TorchDispatchMode):
                 self._add(storage, ptr)
         elif kind & (_FRESH | _SCAN):
             self._track_outputs(out, args, scan=bool(kind & _SCAN))
+        if self.follow_copies and kind & _FRESH and not kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
+            self._note_copy(out, args)
         if kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
             if self.phase == "forward":
                 self._learn_layer(args)
@@ -206,18 +246,31 @@ class Watcher(TorchDispatchMode):
             del self._live[ptr]
             self.current_bytes -= entry[1]
 
+    def bind_weights(self, weights: list[torch.Tensor]) -> None:
+        """Register the model's linear weights as layers 0, 1, ... by storage (once per run)."""
+        if self.layers.weight_keys:
+            return
+        for weight in weights:
+            self.layers.add_layer(("pre", weight.untyped_storage().data_ptr()), tuple(weight.shape), None)
+
     def _learn_layer(self, args: tuple) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)][-2:]  # the two GEMM operands
-        params = [(i, p) for i, p in enumerate(_param_of(a) for a in tensors) if p is not None and p.dim() == 2]
-        if len(params) != 1:
-            return
-        slot, weight = params[0]
+        bound = [(i, self.layers.layer_of_weight(self.root_view(t)[0])) for i, t in enumerate(tensors)]
+        bound = [(i, layer) for i, layer in bound if layer is not None]
+        if len(bound) == 1:  # one operand lives on a known weight's storage
+            slot, layer = bound[0]
+        else:
+            params = [(i, p) for i, p in enumerate(_param_of(a) for a in tensors) if p is not None and p.dim() == 2]
+            if len(params) != 1:
+                return
+            slot, weight = params[0]
+            wkey = ("pre", weight.untyped_storage().data_ptr())
+            layer = self.layers.layer_of_weight(wkey)
+            if layer is None:
+                layer = self.layers.add_layer(wkey, tuple(weight.shape), None)
         other = tensors[1 - slot]
-        wkey = ("pre", weight.untyped_storage().data_ptr())
-        layer = self.layers.layer_of_weight(wkey)
-        if layer is None:
-            layer = self.layers.add_layer(wkey, tuple(weight.shape), tuple(other.shape))
-        self.layers.add_input(layer, self.key(other))
+        self.layers.set_input_shape(layer, tuple(other.shape))
+        self.layers.add_input(layer, self.key(other), self.root_view(other))
 
     def set_phase(self, name: str) -> None:
         """Idle pops the mode off the stack (when it is on top), so the harness's snapshots pay no dispatch."""

@@ -5,10 +5,13 @@ the formula of torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted
 thunder's torch executor and torch.compile's aot_eager graphs alike, and never a compiler's FakeTensor or
 proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS calls) are not seen.
 
-How roles and layers are attributed (see dispatch.py for how layers are learnt from forward GEMMs):
+How roles and layers are attributed (see dispatch.py for how layers are learnt: `bind` hands it the model's
+linear weights, so views of their storage attribute whatever the backend calls them):
 - forward phase: every GEMM is "fprop"; its layer is the one whose weight (by storage) is an operand.
-- backward: an operand that is a layer's weight (same storage, any view) => "dgrad" of that layer; else an
-  operand that is a layer's forward input (same storage) => "wgrad" of that layer.
+- backward: an operand that is a layer's weight (same storage, any view) => "dgrad" of that layer; else a
+  "wgrad", of the layer whose forward input (same view: storage, offset and size) is an operand and whose dgrad
+  consumed the same output gradient; where these two data-flow signals disagree (a compiler reused a buffer),
+  the layer is None and the check judges that pass by role and FLOPs, saying so.
 - otherwise by output shape: the shape (or transpose) of some weight => "wgrad", of some layer input =>
   "dgrad"; the layer is named only if exactly one layer has that shape. In square stacks the layer is then
   None, and the role is "unknown" when the output shape matches both a weight and an input (batch == width).
@@ -47,18 +50,35 @@ class GemmEvent:
     flops: int
 
 
-def _operand_layers(watcher: Watcher, args: tuple) -> tuple[int | None, int | None]:
-    """(layer whose weight is an operand, layer whose forward input is an operand)."""
-    by_weight = by_input = None
-    for t in args[-2:]:  # the two GEMM operands: every GEMM op's last two positional arguments
-        if not isinstance(t, torch.Tensor):
-            continue
-        key = watcher.key(t)
-        if by_weight is None:
-            by_weight = watcher.layers.layer_of_weight(key)
-        if by_input is None:
-            by_input = watcher.layers.layer_of_input(key)
-    return by_weight, by_input
+@dataclass(frozen=True)
+class RawGemm:
+    """What the probe notes while a GEMM runs; roles and layers are decided after the run (`attribute_all`)."""
+
+    phase: str
+    pass_index: int
+    op: Any
+    shape: tuple[int, ...]
+    flops: int
+    # Layer whose weight's storage is an operand, and layer whose forward input (as a view) is an operand.
+    weight_layer: int | None
+    input_layer: int | None
+    # The two operands as views (storage key, offset, numel).
+    views: tuple
+
+
+def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tuple, out: torch.Tensor) -> RawGemm:
+    weight_layer = input_layer = None
+    operands = [t for t in args[-2:] if isinstance(t, torch.Tensor)]  # every GEMM op's last two positional args
+    for t in operands:
+        root = watcher.root_view(t)
+        weight_layer = weight_layer if weight_layer is not None else watcher.layers.layer_of_weight(root[0])
+        input_layer = input_layer if input_layer is not None else watcher.layers.layer_of_input_view(root)
+    shape = tuple(out.shape)
+    # torch.utils.flop_counter's convention, 2*m*k*n (bias ignored): k is the last dim of the first operand,
+    # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
+    flops = 2 * args[-2].shape[-1] * math.prod(shape)
+    return RawGemm(phase, pass_index, func, shape, flops, weight_layer, input_layer,
+                   tuple(watcher.root_view(t) for t in operands))
 
 
 def _by_shape(layers: LayerMap, shape: tuple[int, ...]) -> tuple[str, int | None]:
@@ -72,16 +92,33 @@ def _by_shape(layers: LayerMap, shape: tuple[int, ...]) -> tuple[str, int | None
     return "unknown", None
 
 
-def attribute(watcher: Watcher, phase: str, args: tuple, out: torch.Tensor) -> tuple[str, int | None]:
-    """(role, layer) of one GEMM, by the rules in the module docstring."""
-    by_weight, by_input = _operand_layers(watcher, args)
-    if phase == "forward":
-        return "fprop", by_weight
-    if by_weight is not None:
-        return "dgrad", by_weight
-    if by_input is not None:
-        return "wgrad", by_input
-    return _by_shape(watcher.layers, tuple(out.shape))
+def _wgrad_layer(raw: RawGemm, grad_layers: dict) -> int | None:
+    """The layer both signals agree on: the forward input among the operands, and the output gradient shared with
+    that layer's dgrad; None when they disagree (compilers reuse buffers) or neither is known."""
+    by_grad = {grad_layers[v] for v in raw.views if v in grad_layers}
+    candidates = {raw.input_layer} | by_grad if raw.input_layer is not None else by_grad
+    return candidates.pop() if len(candidates) == 1 else None
+
+
+def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
+    """(role, layer) of every GEMM, by the rules in the module docstring."""
+    grad_layers: dict = {}  # a dgrad's gradient operand (view) -> its layer
+    for r in raws:
+        if r.phase != "forward" and r.weight_layer is not None:
+            for view in r.views:
+                grad_layers.setdefault(view, r.weight_layer)
+    events = []
+    for r in raws:
+        if r.phase == "forward":
+            role, layer = "fprop", r.weight_layer
+        elif r.weight_layer is not None:
+            role, layer = "dgrad", r.weight_layer
+        elif r.input_layer is not None or any(v in grad_layers for v in r.views):
+            role, layer = "wgrad", _wgrad_layer(r, grad_layers)
+        else:
+            role, layer = _by_shape(layers, r.shape)
+        events.append(GemmEvent(r.phase, r.pass_index, role, layer, str(r.op), r.shape, r.flops))
+    return events
 
 
 class GemmProbe:
@@ -89,24 +126,31 @@ class GemmProbe:
 
     name = "gemms"
 
-    def __init__(self) -> None:
-        # (phase, pass, role, layer, op, shape, flops) per GEMM: tuples while the run goes (cheap to make),
-        # GemmEvents once asked for (see `events`).
-        self._raw: list[tuple] = []
+    def __init__(self, follow_copies: bool = False) -> None:
+        # follow_copies: attribute GEMMs on copies of weights and activations (dispatch.Watcher.follow_copies).
+        self.follow_copies = follow_copies
+        # What each GEMM looked like while it ran; roles and layers are decided once the run is over.
+        self._raw: list[RawGemm] = []
         self._events: list[GemmEvent] | None = None  # built from _raw on first ask after the run
         self._phase, self._pass = "forward", 0
         self._watcher: Watcher | None = None
+        self._weights: list[torch.Tensor] = []
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """The model's linear weights, in layer order (what the oracle's layer indices mean)."""
+        self._weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
     @property
     def events(self) -> list[GemmEvent]:
         if self._events is None or len(self._events) != len(self._raw):
-            self._events = [GemmEvent(ph, k, role, layer, str(op), shape, flops)
-                            for ph, k, role, layer, op, shape, flops in self._raw]
+            self._events = attribute_all(self._raw, self._watcher.layers)
         return self._events
 
     def __enter__(self) -> "GemmProbe":
         self._raw, self._events = [], None
         self._watcher = dispatch.subscribe(self)
+        self._watcher.follow_copies |= self.follow_copies
+        self._watcher.bind_weights(self._weights)
         self._watcher.gemm_listeners.append(self._on_gemm)
         return self
 
@@ -119,11 +163,7 @@ class GemmProbe:
         dispatch.set_phase(name)
 
     def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:
-        role, layer = attribute(self._watcher, self._phase, args, out)
-        shape = tuple(out.shape)
-        # torch.utils.flop_counter's convention, 2*m*k*n (bias ignored): k is the last dim of the first operand,
-        # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
-        self._raw.append((self._phase, self._pass, role, layer, func, shape, 2 * args[-2].shape[-1] * math.prod(shape)))
+        self._raw.append(note_gemm(self._watcher, self._phase, self._pass, func, args, out))
 
     def figures(self) -> dict[str, Any]:
         events = self.events

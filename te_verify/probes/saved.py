@@ -12,8 +12,10 @@ thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked 
 own context) shows none; the waste check then reports the saved figures as "unknown", not as zero.
 
 Per layer: a saved storage that is a layer's forward input (same storage as the operand of its forward GEMM)
-is that layer's "input"; a new tensor of a weight's shape (or transpose) is a "weight_copy" of the layer with
-that shape (None if several layers share it); everything else is "other".
+is that layer's "input"; where the watcher follows copies, a copy (an FP8 cast) of a weight is that layer's
+"weight_copy" and one of a layer's input its "input_copy"; otherwise a new tensor of a weight's shape (or
+transpose) is a "weight_copy" of the layer with that shape (None if several layers share it); everything else is
+"other".
 """
 from __future__ import annotations
 
@@ -42,13 +44,16 @@ class SavedItem:
     # Shape and dtype as saved.
     shape: tuple[int, ...]
     dtype: str
+    # The view (storage key, offset, numel) it was copied from when the watcher follows copies (an FP8 copy of a
+    # weight or an activation), else its own view.
+    root: tuple = ()
 
 
 @dataclass(frozen=True)
 class SavedAttribution:
     """A deduplicated new saved storage with what it is for."""
 
-    # "input", "weight_copy" or "other".
+    # "input", "weight_copy", "input_copy" (a copy of a layer's input, when copies are followed) or "other".
     kind: str
     # Layer index, or None when it cannot be told.
     layer: int | None
@@ -62,6 +67,15 @@ def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
     layer = layers.layer_of_input(item.key)
     if layer is not None:
         return SavedAttribution("input", layer, item.storage_bytes, item.shape)
+    if item.root and item.root[0] != item.key:  # a copy: its source names it
+        layer = layers.layer_of_weight(item.root[0])
+        if layer is not None:
+            return SavedAttribution("weight_copy", layer, item.storage_bytes, item.shape)
+        layer = layers.layer_of_input_view(item.root)
+        if layer is None:
+            layer = layers.layer_of_input(item.root[0])
+        if layer is not None:
+            return SavedAttribution("input_copy", layer, item.storage_bytes, item.shape)
     wanted = {item.shape, tuple(reversed(item.shape))}
     if any(s in wanted for s in layers.weight_shapes):
         layer = layers.unique_layer(layers.weight_shapes, item.shape, transposed_too=True)
@@ -96,8 +110,8 @@ class SavedTensorsProbe:
 
     @property
     def items(self) -> list[SavedItem]:
-        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype))
-                for key, new, storage_bytes, tensor_bytes, shape, dtype in self._raw]
+        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root)
+                for key, new, storage_bytes, tensor_bytes, shape, dtype, root in self._raw]
 
     def __enter__(self) -> "SavedTensorsProbe":
         self._raw = []
@@ -122,8 +136,9 @@ class SavedTensorsProbe:
         if is_real(t):
             storage = t.untyped_storage()
             key = self._watcher.key_of_storage(storage)
+            root = self._watcher.root_view(t) if self._watcher.follow_copies else ()
             self._raw.append((key, type(key) is int, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape),
-                              t.dtype))
+                              t.dtype, root))
         return t
 
     def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:

@@ -1,4 +1,5 @@
-"""A probe that collects the reference's GEMM log into Record.observations["gemm_log"] and ["te_saved"]."""
+"""A probe that collects the reference's own GEMM log into Record.observations["reference_gemm_log"] and
+["te_saved"]: a self-report the checks compare with the GEMMs measured below it (aten), never one they trust."""
 from __future__ import annotations
 
 from typing import Any
@@ -33,4 +34,4 @@ class GemmProbe:
         return figures
 
     def observations(self) -> dict[str, Any]:
-        return {"gemm_log": list(self.log.gemms), "te_saved": list(self.log.saved)}
+        return {"reference_gemm_log": list(self.log.gemms), "te_saved": list(self.log.saved)}

@@ -28,6 +28,18 @@ def grouped_forward(states, x, splits, weights, biases, need_w, need_d):
     return torch.cat(outs), saved
 
 
+SAVED_PER_GROUP = 5  # functional.linear_forward's saved tuple: x copy, its scale_inv, w copy, its scale_inv, meta
+
+
+def flatten_saved(saved: list[tuple]) -> list:
+    """Per-group saved tuples as one flat list for ctx.save_for_backward (so autograd's hooks see them, as TE's)."""
+    return [t for group in saved for t in group]
+
+
+def unflatten_saved(flat: tuple) -> list[tuple]:
+    return [tuple(flat[i:i + SAVED_PER_GROUP]) for i in range(0, len(flat), SAVED_PER_GROUP)]
+
+
 def grouped_backward(states, grad, splits, saved, need_d, need_w, need_b, defer):
     """Per group backward; returns (dgrad | None, [wgrad or thunk or None], [bgrad or None])."""
     dgrads, wgrads, bgrads = [], [], []
@@ -87,7 +99,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         need_d, need_w, need_b = needs[0], needs[3:3 + n], needs[3 + n:]
         out, saved = grouped_forward(module.states, x, splits, weights, biases, need_w, need_d)
-        ctx.module, ctx.splits, ctx.saved_groups = module, splits, saved
+        ctx.save_for_backward(*flatten_saved(saved))
+        ctx.module, ctx.splits = module, splits
         ctx.needs, ctx.weights = (need_d, need_w, need_b), weights
         return out
 
@@ -95,7 +108,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
     def backward(ctx, grad):
         m, (need_d, need_w, need_b) = ctx.module, ctx.needs
         delay = m.delay_wgrad_compute
-        dgrad, wgrads, bgrads = grouped_backward(m.states, grad, ctx.splits, ctx.saved_groups, need_d, need_w, need_b, delay)
+        saved = unflatten_saved(ctx.saved_tensors)
+        dgrad, wgrads, bgrads = grouped_backward(m.states, grad, ctx.splits, saved, need_d, need_w, need_b, delay)
         return (dgrad, None, None, *m.route_wgrads(ctx.weights, wgrads, delay), *bgrads)
 
 
@@ -114,10 +128,10 @@ class GroupedLinear(_GroupedBase):
             setattr(self, f"weight{i}", self._new_param((out_features, in_features), dtype, device))
             setattr(self, f"bias{i}", self._new_param((out_features,), dtype, device) if bias else None)
         self._setup(fuse_wgrad_accumulation, delay_wgrad_compute, name)
-        self.states = [LayerState(f"{self.name}.g{i}", self.free_saved_after_backward) for i in range(num_gemms)]
+        self.states = [LayerState(f"{self.name}.e{i}", self.free_saved_after_backward) for i in range(num_gemms)]
 
     def forward(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
         for i, state in enumerate(self.states):
-            state.label = f"{self.name}.g{i}" if self.num_gemms > 1 else self.name
+            state.label = f"{self.name}.e{i}" if self.num_gemms > 1 else self.name  # the oracle's site labels
         params = _params(self, "weight", self.num_gemms) + _params(self, "bias", self.num_gemms)
         return _GroupedLinearFunction.apply(inp, self, tuple(m_splits), *params)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from te_verify.reference.functional import LayerState
-from te_verify.reference.grouped import _GroupedBase, _params, grouped_backward, grouped_forward
+from te_verify.reference.grouped import (_GroupedBase, _params, flatten_saved, grouped_backward, grouped_forward,
+                                         unflatten_saved)
 
 ACTIVATIONS = ("identity", "relu")
 
@@ -26,7 +27,8 @@ class _GroupedMLPFunction(torch.autograd.Function):
         a = torch.relu(h) if module.activation == "relu" else h
         out, saved2 = grouped_forward(module.fc2_states, a, splits, w2, b2, nw2, fc1_backward)
         ctx.mask = (h > 0) if module.activation == "relu" and fc1_backward else None
-        ctx.module, ctx.splits, ctx.saved = module, splits, (saved1, saved2)
+        ctx.save_for_backward(*flatten_saved(saved1), *flatten_saved(saved2))
+        ctx.module, ctx.splits = module, splits
         ctx.needs, ctx.weights = (need_d1, fc1_backward, nw1, nw2, nb1, nb2), (w1, w2)
         return out
 
@@ -34,11 +36,13 @@ class _GroupedMLPFunction(torch.autograd.Function):
     def backward(ctx, grad):
         m, (need_d1, fc1_backward, nw1, nw2, nb1, nb2) = ctx.module, ctx.needs
         delay = m.delay_wgrad_compute
-        grad_a, wg2, bg2 = grouped_backward(m.fc2_states, grad, ctx.splits, ctx.saved[1], fc1_backward, nw2, nb2, delay)
+        flat = ctx.saved_tensors
+        saved1, saved2 = unflatten_saved(flat[:len(flat) // 2]), unflatten_saved(flat[len(flat) // 2:])
+        grad_a, wg2, bg2 = grouped_backward(m.fc2_states, grad, ctx.splits, saved2, fc1_backward, nw2, nb2, delay)
         dgrad, wg1, bg1 = None, [None] * m.num_gemms, [None] * m.num_gemms
         if fc1_backward:
             grad_h = grad_a * ctx.mask if ctx.mask is not None else grad_a
-            dgrad, wg1, bg1 = grouped_backward(m.fc1_states, grad_h, ctx.splits, ctx.saved[0], need_d1, nw1, nb1, delay)
+            dgrad, wg1, bg1 = grouped_backward(m.fc1_states, grad_h, ctx.splits, saved1, need_d1, nw1, nb1, delay)
         w1, w2 = ctx.weights
         return (dgrad, None, None, *m.route_wgrads(w1, wg1, delay), *m.route_wgrads(w2, wg2, delay), *bg1, *bg2)
 
@@ -70,7 +74,7 @@ class GroupedMLP(_GroupedBase):
     def forward(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
         for states, label in ((self.fc1_states, self.fc1_name), (self.fc2_states, self.fc2_name)):
             for i, state in enumerate(states):
-                state.label = f"{label}.g{i}" if self.num_gemms > 1 else label
+                state.label = f"{label}.e{i}" if self.num_gemms > 1 else label
         n = self.num_gemms
         params = (_params(self, "fc1_weight", n) + _params(self, "fc2_weight", n)
                   + _params(self, "fc1_bias", n) + _params(self, "fc2_bias", n))

@@ -11,7 +11,7 @@ import torch
 
 from te_verify.models import CaseInputs, make_inputs
 from te_verify.record import Record
-from te_verify.runner import build_prepared, run_case, snapshot_grads
+from te_verify.runner import build_prepared, model_state, run_case, snapshot_grads
 from te_verify.spec import CaseSpec
 
 
@@ -61,7 +61,9 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
             inputs = make_inputs(spec.replace(seed=spec.seed + 1000 * k))
             for probe in probes:
                 probe.phase("backward", k + 1)
-            fn(inputs.x).backward(inputs.grad_output)
+            out = fn(inputs.x)
+            record.outputs.append(out.detach().clone())
+            out.backward(inputs.grad_output)
             if hasattr(fn, "backward_dw") and spec.te.delay_wgrad:
                 fn.backward_dw()
             record.grads.append(snapshot_grads(model, inputs.x))
@@ -72,6 +74,7 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
     for probe in probes:
         probe.__exit__(None, None, None)
         record.observations.update(probe.observations())
+    record.state_after = model_state(model)
     for n, p in weights.items():
         obs[n].main_grad = p.main_grad.detach().clone() if hasattr(p, "main_grad") else None
         obs[n].grad_added = getattr(p, "grad_added_to_main_grad", None)
