@@ -244,8 +244,9 @@ def current_env() -> dict:
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:
     """Entries named by results rows (their `expectation` field): what the controller of an xdist run, which
     collects no items itself, passes to `stale`."""
-    named = {(Path(r["expectation"]["file"]).name, r["expectation"].get("line"), r["expectation"]["prefix"])
-             for r in rows if r.get("expectation")}
+    rows_entries = [r["expectation"] for r in rows if r.get("expectation")]
+    rows_entries += [gap for r in rows for gap in r.get("drawn_gaps", [])]  # met by specs a test drew
+    named = {(Path(e["file"]).name, e.get("line"), e["prefix"]) for e in rows_entries}
     return {e for e in expectations if (Path(e.file).name, e.line, e.key) in named
             or (Path(e.file).name, None, e.key) in named}
 

@@ -17,7 +17,7 @@ import pytest
 from te_verify import compat, environment
 from te_verify.expectations import (ExpectationsError, current_env, failure_mismatch, load_expectations, mark_for,
                                     match, seen_in_rows, stale, stale_message, xpass_message)
-from te_verify.backends.registry import BackendError, TIER_DEFAULTS, lane_of, resolve_backend
+from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
 from te_verify.matrix import TierError, check_tier
@@ -27,6 +27,7 @@ from te_verify.report.writer import write_report
 ROW_KEY = "te_verify_row"
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTATION = pytest.StashKey[object]()
+DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met by specs a test drew
 
 
 LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options")  # per-lane fixtures and options
@@ -62,7 +63,8 @@ class Session:
         self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         self.te_impl = _activate_te_impl(config.getoption("te_impl"), config.getoption("te_capability"))
         names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
-        self.backends = {name: resolve_backend(name) for name in names}
+        self.dist_wrappers = [name for name in names if name in DIST_WRAPPERS]
+        self.backends = {name: resolve_backend(name) for name in names if name not in DIST_WRAPPERS}
         self.expectations = load_expectations(Path(config.getoption("expectations")))
         self.env = current_env()
 
@@ -114,7 +116,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash[SESSION]
     versions = environment.versions()
     return [
-        f"te_verify: tier {session.tier}; backends {', '.join(session.backends)}",
+        f"te_verify: tier {session.tier}; backends {', '.join([*session.backends, *session.dist_wrappers])}",
         "te_verify versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"te_verify device: {environment.device()}",
         f"te_verify TE implementation: {session.te_impl.name}: {session.te_impl.describe} ({session.te_impl.why})",
@@ -132,7 +134,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module
     specs = module.SPECS(session.tier)
     if module.LANE == "dist":
-        runs = [CaseRun(spec, spec.dist.wrapper, None) for spec in specs]
+        runs = [CaseRun(spec, spec.dist.wrapper, None) for spec in specs if spec.dist.wrapper in session.dist_wrappers]
     else:
         runs = [CaseRun(spec, name, backend) for name, backend in session.lane_backends(module.LANE) for spec in specs]
     # indirect: the `case` fixture below skips a backend that is unavailable here, with its reason
@@ -165,12 +167,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not _without_backend(item)]
         config.hook.pytest_deselected(items=empty)
     session = config.stash[SESSION]
+    nodeid_entries = [e for e in session.expectations if e.nodeid is not None]
     for item in items:
         run = _case_of(item)
         backend = run.backend_name if run else _drawn_backend(item)
-        case_id = run.spec.id if run else item.name  # tests drawing their own specs match by nodeid entries
-        family = run.spec.family if run else getattr(getattr(item, "module", None), "FAMILY", None)
-        entry = match(session.expectations, backend, case_id, item.nodeid, session.env, family)
+        if run:
+            entry = match(session.expectations, backend, run.spec.id, item.nodeid, session.env, run.spec.family)
+        else:  # a test drawing its own specs: only nodeid entries name it (glob entries cover its drawn specs)
+            entry = match(nodeid_entries, backend, item.name, item.nodeid, session.env)
         if entry is not None:
             item.add_marker(mark_for(entry))
             item.stash[EXPECTATION] = entry
@@ -180,6 +184,18 @@ def _case_of(item: pytest.Item) -> CaseRun | None:
     callspec = getattr(item, "callspec", None)
     run = callspec.params.get("case") if callspec else None
     return run if isinstance(run, CaseRun) else None  # a lane with no selected backend parametrizes NOTSET
+
+
+def known_gap(request: pytest.FixtureRequest, backend: str, spec, failure: BaseException) -> bool:
+    """For a test that draws its own specs: is this drawn spec's failure a recorded gap, i.e. an xfail entry
+    covers the spec and its `failure` text is in the message? Such entries are not strict (a drawn spec they
+    cover may pass); what matched is noted on the test's row (`drawn_gaps`)."""
+    session = request.config.stash[SESSION]
+    entry = match(session.expectations, backend, spec.id, "", session.env, spec.family)
+    if entry is None or entry.status != "xfail" or entry.failure is None or entry.failure not in str(failure):
+        return False
+    request.node.stash.setdefault(DRAWN_GAPS, {})[entry.key] = {**entry.to_row(), "case_id": spec.id}
+    return True
 
 
 def _drawn_backend(item: pytest.Item) -> str:
@@ -229,6 +245,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "expectation": None,
         "compat": list(compat.APPLIED),
     }
+    if item.stash.get(DRAWN_GAPS, None):
+        row["drawn_gaps"] = list(item.stash[DRAWN_GAPS].values())
     entry = item.stash.get(EXPECTATION, None)
     if entry is not None:
         _check_failure_text(entry, report, call)

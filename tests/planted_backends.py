@@ -98,3 +98,35 @@ class RaisesOnReplay(_Planted):
             return out
 
         return forward
+
+
+class WrongOutput(_Planted):
+    """Returns an output 1% off whose gradients are exact: the offset is detached, so with a fixed cotangent no
+    gradient changes (what the gradient checks cannot see)."""
+
+    name = "planted_wrong_output"
+
+    def prepare(self, model, spec):
+        def forward(x):
+            out = model(x)
+            return out + 0.01 * out.detach()
+
+        return forward
+
+
+class WritesFrozenBias(_Planted):
+    """Writes into a frozen bias after each forward (a cast cache written back): nothing it returns changes, since
+    a bias is not saved for backward."""
+
+    name = "planted_writes_bias"
+
+    def prepare(self, model, spec):
+        bias = model[0].bias
+
+        def forward(x):
+            out = model(x)
+            with torch.no_grad():
+                bias.copy_(bias.to(torch.bfloat16).to(bias.dtype))
+            return out
+
+        return forward

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
 from te_verify.matrix import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,3 +106,43 @@ def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
                       "--expectations", str(folder), "-rA")
     assert proc.returncode == 1 and "XPASS(strict)" not in proc.stdout  # the plugin rewrites it to name the entry
     assert f"{folder / 'eager.toml'}:1" in proc.stdout and "stale expectation" not in proc.stdout
+
+
+@pytest.mark.parametrize("failure, passes", [("forward output", True), ("some other gap", False)])
+def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, passes):
+    """A glob entry of family "generated" with a failure text covers the specs hypothesis draws: a drawn spec
+    failing with that text is the known gap (noted on the row); failing otherwise is a finding."""
+    folder = tmp_path / "expectations"
+    folder.mkdir()
+    (folder / "planted_wrong_output.toml").write_text(
+        f'[[xfail]]\nglob = "*"\nfamily = "generated"\nreason = "planted"\nlink = "https://example.org/planted"\n'
+        f'failure = "{failure}"\n')
+    proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "planted_backends:WrongOutput",
+                      "--max-examples", "5", "--hypothesis-seed", "1", "--expectations", str(folder),
+                      "--report-dir", str(tmp_path / "report"))
+    (row,) = json.loads((tmp_path / "report" / "results.json").read_text())["rows"]
+    if passes:
+        assert proc.returncode == 0 and row["outcome"] == "passed", proc.stdout[-2000:]
+        assert row["drawn_gaps"][0]["link"] == "https://example.org/planted"
+    else:
+        assert proc.returncode == 1 and row["outcome"] == "failed" and "forward output" in row["reason"]
+
+
+@pytest.mark.parametrize("backend", sorted([*BUILTINS, "ddp", "fsdp2"]))
+def test_each_builtin_backend_alone_runs_the_smoke_tier(tmp_path, backend):
+    """`te-verify run --tier smoke --backend X` collects and runs X's lane alone: exit 0, never an internal error;
+    an unavailable backend's cases skip with the reason."""
+    proc = subprocess.run([sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", backend,
+                           "--workers", "1", "--report-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert rows and {r["backend"] for r in rows} == {backend}  # its lane alone: no other lane's cases
+    assert all(r["outcome"] in ("passed", "xfailed", "skipped") for r in rows)
+
+
+def test_dist_wrapper_names_match_the_wrappers():
+    from te_verify.distributed.wrappers import WRAPPERS
+
+    assert set(DIST_WRAPPERS) == set(WRAPPERS)

@@ -82,3 +82,45 @@ def test_compiler_tracing_is_not_counted(backend_name):
     assert record.error is None, record.error
     assert record.figures["flops_actual"] == NOTES_FLOPS[(False, True, False)]
     assert record.figures["gemms_unattributed"] == 0
+
+
+class _ReusingStack(torch.autograd.Function):
+    """A compiled-style 4-layer stack (widths 32.64.128.64.32, layers 0 and 2 frozen, input without grad) that
+    writes layer 1's output gradient into the buffer that held layer 2's input, as inductor reuses dead buffers.
+    Layers 1 and 2 have transposed weight shapes, so only data can tell whose wgrad the last GEMM is."""
+
+    @staticmethod
+    def forward(ctx, x, w0, w1, w2, w3):
+        x1 = torch.mm(x, w0.t())
+        x2 = torch.mm(x1, w1.t())
+        x3 = torch.mm(x2, w2.t())
+        ctx.save_for_backward(x1, x2, x3, w2, w3)
+        return torch.mm(x3, w3.t())
+
+    @staticmethod
+    def backward(ctx, g):
+        x1, x2, x3, w2, w3 = ctx.saved_tensors
+        wgrad3 = torch.mm(g.t(), x3)
+        g3 = torch.mm(g, w3)
+        torch.mm(g3, w2, out=x2)  # layer 1's output gradient, in layer 2's dead input buffer
+        wgrad1 = torch.mm(x2.t(), x1)
+        return None, None, wgrad1, None, wgrad3
+
+
+class ReusingBackend:
+    name = "reusing"
+
+    def available(self):
+        return True, ""
+
+    def prepare(self, model, spec):
+        weights = [layer.weight for layer in model]
+        return lambda x: _ReusingStack.apply(x.reshape(-1, x.shape[-1]), *weights).reshape(*x.shape[:-1], -1)
+
+
+def test_a_reused_buffer_is_not_taken_for_the_input_it_once_held():
+    spec = CaseSpec("probe", (32, 64, 128, 64, 32), (True, False, True, False), None, False, (8,))
+    record = run_case(spec, ReusingBackend(), [GemmProbe()])
+    assert record.error is None, record.error
+    wgrads = [(e.layer, e.shape) for e in record.observations["gemm_events"] if e.role == "wgrad"]
+    assert wgrads == [(3, (32, 64)), (1, (128, 64))]

@@ -1,7 +1,9 @@
 """Backend names -> backend objects; external backends load from `package.module:attr`.
 
 Each built-in belongs to a lane: "torch" backends run the plain-PyTorch families, "te" backends the TE
-families. External backends join the torch lane unless they set `lane = "te"`.
+families. External backends join the torch lane unless they set `lane = "te"`. The distributed lane's
+"backends" are its wrappers (DIST_WRAPPERS), which run inside the rank pool: naming one in --backend selects its
+cases, and a run naming none of them runs no distributed case.
 """
 from __future__ import annotations
 
@@ -39,11 +41,15 @@ BUILTINS: dict[str, tuple[str, Callable[[], Backend]]] = {
     "thunder_te": ("te", _thunder_te),
 }
 
+# The distributed lane's wrappers (te_verify.distributed.wrappers.WRAPPERS), named here so selecting them needs no
+# import of the wrappers' libraries.
+DIST_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+
 # Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here).
 TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
-    "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te"),
-    "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te"),
-    "nightly": ("eager", "thunder", "torch_compile", "torch_compile_inductor", "te_eager", "thunder_te"),
+    "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
+    "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
+    "nightly": ("eager", "thunder", "torch_compile", "torch_compile_inductor", "te_eager", "thunder_te", *DIST_WRAPPERS),
 }
 
 
@@ -68,7 +74,8 @@ def resolve_backend(name_or_path: str) -> Backend:
         return BUILTINS[name_or_path][1]()
     if ":" in name_or_path:
         return load_external(name_or_path)
-    raise BackendError(f"--backend {name_or_path!r}: unknown backend; built-ins are {', '.join(BUILTINS)}")
+    raise BackendError(f"--backend {name_or_path!r}: unknown backend; built-ins are {', '.join(BUILTINS)}; "
+                       f"distributed wrappers are {', '.join(DIST_WRAPPERS)}")
 
 
 def lane_of(name_or_path: str, backend: Backend) -> str:

@@ -25,11 +25,19 @@ def compare_tensor(what: str, ref: torch.Tensor, got: torch.Tensor, tol: Toleran
         return f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
     if not torch.isfinite(got).all() and torch.isfinite(ref).all():
         return f"{what}: non-finite values where the reference is finite"
-    ok = torch.isclose(got.double(), ref.double(), rtol=tol.rtol, atol=tol.atol).all()
-    if ok:
+    close = torch.isclose(got.double(), ref.double(), rtol=tol.rtol, atol=tol.atol)
+    if close.all():
         return None
     abs_err, rel_err = max_errors(ref, got)
-    return f"{what}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} exceeds {tol}"
+    return f"{what}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} exceeds {tol} ({_first_mismatch(close, ref, got)})"
+
+
+def _first_mismatch(close: torch.Tensor, ref: torch.Tensor, got: torch.Tensor) -> str:
+    """How many elements differ, and the first one: its index and both values."""
+    flat = int(torch.argmin(close.flatten().int()))
+    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), close.shape)]
+    return (f"{int((~close).sum())} of {close.numel()} elements; first at {index}: "
+            f"{got.flatten()[flat].item():.6g} vs {ref.flatten()[flat].item():.6g}")
 
 
 def grad_mismatches(ref: dict, got: dict, tol: Tolerance, label: str) -> list[str]:

@@ -2,7 +2,8 @@
 
 For every trainable weight: backward's return, inferred from .grad, is the table's (wgrad / None / dummy);
 with main_grad the gradient lands there exactly once per microbatch (compared with the eager sum over the
-microbatches) and nothing else accumulates it twice; where the table says None, autograd never wrote .grad.
+microbatches) and nothing else accumulates it twice, and with delay_wgrad_compute backward() leaves it untouched
+(backward_dw() writes it); where the table says None, autograd never wrote .grad.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def _weight_problems(name: str, obs, want_grad: torch.Tensor, expected: str, te,
             msg = compare_tensor(f"{name}: main_grad after {mb} microbatches", want_grad, obs.main_grad, tol)
             if msg:
                 problems.append(f"{msg} (accumulation ratio {_accumulation_ratio(obs.main_grad, want_grad):.2f}, 1.00 = once per microbatch)")
+        if te.delay_wgrad and obs.main_grad_before_dw:
+            problems.append(f"{name}: main_grad changed during backward() of microbatch {obs.main_grad_before_dw[0]}; "
+                            f"with delay_wgrad_compute it is untouched until backward_dw()")
         if te.grad_added_to_main_grad and obs.grad_added is not True:
             problems.append(f"{name}: grad_added_to_main_grad is {obs.grad_added}, expected True")
     return problems

@@ -10,7 +10,8 @@ Why a dispatch mode and what it sees:
   Outputs on the meta device or of FakeTensor type are ignored as a second guard.
 - Storage identity: every storage first produced by an op during the run gets a serial number (its key);
   storages that existed before (parameters, the model input) are keyed ("pre", data_ptr). Serials never
-  alias, unlike data pointers, which the allocator reuses once a storage is freed.
+  alias, unlike data pointers, which the allocator reuses once a storage is freed. A GEMM operand that no
+  dispatched op allocated (inductor allocates its buffers in C++) is keyed ("seen", serial) while it lives.
 - Phase "idle" (set by a runner around its own snapshots) pauses all of it: the mode is popped off the stack,
   so the harness's copies pay no dispatch either.
 - Cost: a Python dispatch hook costs a few microseconds per aten op whatever it does (about 2.5x the step
@@ -53,6 +54,8 @@ class LayerMap:
     input_keys: list[set] = field(default_factory=list)
     # The same inputs as views (storage key, offset, numel): compilers pack several activations into one storage.
     input_views: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+    # A fingerprint of each input view's data (fingerprint()): a compiler may later reuse the buffer in place.
+    input_prints: dict[tuple, float] = field(default_factory=dict, repr=False)
     # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Indexes for the per-GEMM lookups: weight key -> layer; input key -> layer, None if several layers had it.
@@ -72,14 +75,21 @@ class LayerMap:
         self.input_shapes.append(input_shape)
         return len(self.weight_keys) - 1
 
-    def add_input(self, layer: int, key: StorageKey, view: tuple | None = None) -> None:
+    def add_input(self, layer: int, key: StorageKey, view: tuple | None = None, print_: float | None = None) -> None:
         self.input_keys[layer].add(key)
         self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
         if view is not None:
             self.input_views[view] = layer if self.input_views.get(view, layer) == layer else None
+            if print_ is not None:
+                self.input_prints[view] = print_
 
-    def layer_of_input_view(self, view: tuple) -> int | None:
-        return self.input_views.get(view)
+    def layer_of_input_view(self, view: tuple, print_: float | None = None) -> int | None:
+        """The layer whose forward input is this view; None if the data it holds now (`print_`) is not that
+        input's (the buffer was reused)."""
+        layer = self.input_views.get(view)
+        if layer is not None and print_ is not None and self.input_prints.get(view, print_) != print_:
+            return None
+        return layer
 
     def layer_of_weight(self, key: StorageKey) -> int | None:
         return self._weight_layer.get(key)
@@ -92,6 +102,12 @@ class LayerMap:
         wanted = {tuple(shape), tuple(reversed(shape))} if transposed_too else {tuple(shape)}
         hits = [i for i, s in enumerate(shapes) if s in wanted]
         return hits[0] if len(hits) == 1 else None
+
+
+def fingerprint(t: torch.Tensor) -> float:
+    """A cheap summary of a tensor's data (its fp64 sum): equal for the same data, different once a buffer holds
+    another tensor's."""
+    return float(t.detach().double().sum())
 
 
 def is_real(t: torch.Tensor) -> bool:
@@ -157,6 +173,9 @@ class Watcher(TorchDispatchMode):
         self.window_peak_bytes = 0  # peak since the last reset_window()
         self.follow_copies = False
         self._derived: dict[tuple, tuple] = {}  # a copy's view key -> the view it was made from
+        # data_ptr -> (serial, weakref) of GEMM operands allocated out of the mode's sight (inductor's buffers)
+        self._seen: dict[int, tuple[int, weakref.ref]] = {}
+        self._weight_ptrs: set[int] = set()  # storages of the bound weights: keyed ("pre", ptr), never "seen"
 
     def reset_window(self) -> None:
         self.window_peak_bytes = self.current_bytes
@@ -186,7 +205,26 @@ class Watcher(TorchDispatchMode):
         """The serial (an int) of a storage made during the run, else ("pre", data_ptr)."""
         ptr = storage.data_ptr()
         entry = self._live.get(ptr)
-        return entry[0] if entry is not None else ("pre", ptr)
+        if entry is not None:
+            return entry[0]
+        seen = self._seen.get(ptr)
+        return ("seen", seen[0]) if seen is not None else ("pre", ptr)
+
+    def _see(self, t: torch.Tensor) -> None:
+        """Key a GEMM operand's storage that no dispatched op allocated (a compiled kernel's buffer) by a serial
+        of its own while it lives, so a later buffer at the same address is not taken for it. Not a new
+        allocation for the byte figures: nothing dispatched made it."""
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self._live or ptr in self._seen or ptr in self._weight_ptrs or _param_of(t) is not None:
+            return
+        self._serial += 1
+        self._seen[ptr] = (self._serial, weakref.ref(storage, partial(self._unseen, ptr, self._serial)))
+
+    def _unseen(self, ptr: int, serial: int, _ref: weakref.ref) -> None:
+        entry = self._seen.get(ptr)
+        if entry is not None and entry[0] == serial:
+            del self._seen[ptr]
 
     def is_new(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self._live
@@ -211,6 +249,9 @@ class Watcher(TorchDispatchMode):
         if self.follow_copies and kind & _FRESH and not kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
             self._note_copy(out, args)
         if kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
+            for t in args[-2:]:
+                if isinstance(t, torch.Tensor):
+                    self._see(t)
             if self.phase == "forward":
                 self._learn_layer(args)
             for listener in self.gemm_listeners:
@@ -251,6 +292,7 @@ class Watcher(TorchDispatchMode):
         if self.layers.weight_keys:
             return
         for weight in weights:
+            self._weight_ptrs.add(weight.untyped_storage().data_ptr())
             self.layers.add_layer(("pre", weight.untyped_storage().data_ptr()), tuple(weight.shape), None)
 
     def _learn_layer(self, args: tuple) -> None:
@@ -270,7 +312,8 @@ class Watcher(TorchDispatchMode):
                 layer = self.layers.add_layer(wkey, tuple(weight.shape), None)
         other = tensors[1 - slot]
         self.layers.set_input_shape(layer, tuple(other.shape))
-        self.layers.add_input(layer, self.key(other), self.root_view(other))
+        view = self.root_view(other)
+        self.layers.add_input(layer, self.key(other), view, fingerprint(other) if view == self.view_key(other) else None)
 
     def set_phase(self, name: str) -> None:
         """Idle pops the mode off the stack (when it is on top), so the harness's snapshots pay no dispatch."""
@@ -288,7 +331,7 @@ class Watcher(TorchDispatchMode):
         if not self._paused:
             self.__exit__(None, None, None)
         self._paused = False
-        self._live = {}  # dropping the weakrefs cancels their callbacks
+        self._live, self._seen = {}, {}  # dropping the weakrefs cancels their callbacks
 
 
 def _skip_dynamo_in_dispatch() -> None:

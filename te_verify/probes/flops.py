@@ -67,12 +67,17 @@ class RawGemm:
 
 
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tuple, out: torch.Tensor) -> RawGemm:
-    weight_layer = input_layer = None
+    weight_layer = None
+    input_layers = set()
     operands = [t for t in args[-2:] if isinstance(t, torch.Tensor)]  # every GEMM op's last two positional args
     for t in operands:
         root = watcher.root_view(t)
         weight_layer = weight_layer if weight_layer is not None else watcher.layers.layer_of_weight(root[0])
-        input_layer = input_layer if input_layer is not None else watcher.layers.layer_of_input_view(root)
+        # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
+        data = dispatch.fingerprint(t) if phase != "forward" and root == watcher.view_key(t) else None
+        input_layers.add(watcher.layers.layer_of_input_view(root, data))
+    input_layers.discard(None)
+    input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell
     shape = tuple(out.shape)
     # torch.utils.flop_counter's convention, 2*m*k*n (bias ignored): k is the last dim of the first operand,
     # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).

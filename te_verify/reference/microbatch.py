@@ -1,6 +1,7 @@
 """Drive a TE-lane spec over `spec.te.microbatches` microbatches (forward, backward, backward_dw when
 delayed) on any backend, and observe what the weight-gradient contract is about: param.grad after each
-microbatch, main_grad at the end, grad_added_to_main_grad, and how often autograd accumulated into .grad.
+microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
+how often autograd accumulated into .grad.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class WeightObservation:
     main_grad: torch.Tensor | None = None
     # grad_added_to_main_grad at the end (None when the attribute is absent).
     grad_added: bool | None = None
+    # Microbatches (1-based) whose backward() changed main_grad although delay_wgrad_compute leaves the wgrad to
+    # backward_dw() (watched only for delayed, fused cases).
+    main_grad_before_dw: list[int] = field(default_factory=list)
 
 
 def classify(p: torch.nn.Parameter) -> str:
@@ -41,6 +45,10 @@ def _count_write(p: torch.nn.Parameter, obs: WeightObservation) -> None:
     """AccumulateGrad also runs (and fires the hook) when backward returned None; count real writes only."""
     if p.grad is not None:
         obs.accumulations += 1
+
+
+def _main_grads(weights: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {n: p.main_grad.detach().clone() for n, p in weights.items() if hasattr(p, "main_grad")}
 
 
 def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
@@ -63,7 +71,11 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
                 probe.phase("backward", k + 1)
             out = fn(inputs.x)
             record.outputs.append(out.detach().clone())
+            before = _main_grads(weights) if spec.te.delay_wgrad else {}
             out.backward(inputs.grad_output)
+            for n, main_grad in before.items():
+                if not torch.equal(main_grad, weights[n].main_grad):
+                    obs[n].main_grad_before_dw.append(k + 1)
             if hasattr(fn, "backward_dw") and spec.te.delay_wgrad:
                 fn.backward_dw()
             record.grads.append(snapshot_grads(model, inputs.x))
