@@ -113,10 +113,12 @@ def real_te_reason() -> str | None:
 
 
 def _real(why: str) -> TEImpl:
+    from te_verify import device as run_device
     from te_verify.environment import transformer_engine_version
 
+    gpu = run_device.active() if run_device.active().type == "cuda" else torch.device("cuda", 0)
     return TEImpl("transformer_engine", REAL, why, f"TE {transformer_engine_version()} on "
-                  f"{torch.cuda.get_device_name(0)} (Python layer and C++ kernels under test)", _te_python)
+                  f"{torch.cuda.get_device_name(gpu)} (Python layer and C++ kernels under test)", _te_python)
 
 
 def _emulated(why: str, capability: str) -> TEImpl:

@@ -137,8 +137,10 @@ class RankPool:
         """Spawn the ranks and wait until every one has joined the process group."""
         if self.running:
             return
+        import torch
+
         devices = self.rank_devices()
-        backend = self.backend or backend_for(devices[0].split(":")[0])
+        backend = self.backend or backend_for(torch.device(self.device).type)
         ctx = multiprocessing.get_context("spawn")
         self._tmpdir = tempfile.mkdtemp(prefix="te_verify_pool_")
         init_file = os.path.join(self._tmpdir, "store")

@@ -29,9 +29,10 @@ GEMM_ARGS = ("A", "transA", "B", "transB", "D", "quantizer", "output_dtype", "bi
 # (a 17th, math_sm_count, is not read).
 GROUPED_ARGS = ("A", "transa", "B", "transb", "D", "D_type", "m_splits", "bias", "bias_type", "single_output",
                 "pre_gelu_out", "grad", "workspace", "workspaceSize", "accumulate", "use_split_accumulator")
-# GEMM paths this record does not split into per-GEMM events: TE 2.20's grouped-tensor path (te.ops and module
-# GroupedLinear with bf16/fp16 or FP8 current scaling on sm90+ with cuBLASLt >= 13.4, or use_grouped_tensor=True:
-# GEMMs over packed GroupedTensors and their group quantizers) and the userbuffers comm+GEMM overlap. A call is
+# GEMM paths this record does not split into per-GEMM events: TE 2.20's grouped-tensor path (taken by te.ops
+# GroupedLinear in bf16/fp16 or FP8 current scaling on sm90+ with cuBLASLt >= 13.4, and by GroupedLinear with
+# use_grouped_tensor=True: GEMMs over packed GroupedTensors and their group quantizers) and the userbuffers
+# comm+GEMM overlap. A call is
 # noted so the GEMM check fails naming it instead of under-counting. The emulation reports cuBLASLt 13.0 and has
 # no userbuffers, so it never takes these paths (its strict shim would raise if it did).
 UNMEASURED = ("te_general_grouped_gemm_for_grouped_tensor", "te_general_grouped_gemm_for_discrete_in",
