@@ -20,13 +20,14 @@ SELECTION = ["cases/test_freeze.py", "cases/test_bias.py", "cases/test_compare_o
              "--backend", "eager"]
 
 
-def pytest_runs(invocations: dict) -> dict:
-    """Each invocation's node ids, every one run in a single interpreter (tests/pytest_many.py); all must pass."""
+def pytest_runs(invocations: dict) -> tuple[dict, str]:
+    """Each invocation's node ids, and their output, every one run in a single interpreter (tests/pytest_many.py);
+    all must pass."""
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(list(invocations.values()))],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
     assert [r["code"] for r in results] == [0] * len(invocations), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {key: r["ids"] for key, r in zip(invocations, results)}
+    return {key: r["ids"] for key, r in zip(invocations, results)}, proc.stdout
 
 
 def shard_args(k: int | None) -> list[str]:
@@ -34,7 +35,7 @@ def shard_args(k: int | None) -> list[str]:
 
 
 def test_shards_of_the_pr_tier_partition_its_cases():
-    ids = pytest_runs({k: ["cases", "--tier", "pr", "--collect-only", *shard_args(k)] for k in (None, *SHARDS)})
+    ids, _ = pytest_runs({k: ["cases", "--tier", "pr", "--collect-only", *shard_args(k)] for k in (None, *SHARDS)})
     everything = set(ids[None])
     assert len(everything) == len(ids[None]) > 800  # the whole pr tier, no duplicate ids
     parts = [set(ids[k]) for k in SHARDS]
@@ -61,14 +62,31 @@ def merge(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+STALE = "lin9-no-such-case"  # an expectation entry no case matches
+
+
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict:
-    """The selection run whole (key None) and as shards 1..3, each with results.json and junit.xml."""
+def shard_runs(tmp_path_factory) -> tuple[dict, str]:
+    """The selection run whole (key None) and as shards 1..3, each with results.json and junit.xml; their output."""
     base = tmp_path_factory.mktemp("shards")
+    (base / "expectations").mkdir()
+    (base / "expectations" / "eager.toml").write_text(
+        f'[[xfail]]\nprefix = "{STALE}"\nreason = "planted"\nlink = "https://example.org/planted"\n')
     dirs = {k: base / f"shard{k or 0}" for k in (None, *SHARDS)}
-    pytest_runs({k: [*SELECTION, *shard_args(k), "--report-dir", str(d), "--junitxml", str(d / "junit.xml")]
-                 for k, d in dirs.items()})
-    return dirs
+    _, output = pytest_runs({k: [*SELECTION, *shard_args(k), "--report-dir", str(d), "--junitxml", str(d / "junit.xml"),
+                                 "--expectations", str(base / "expectations")] for k, d in dirs.items()})
+    return dirs, output
+
+
+@pytest.fixture(scope="module")
+def reports(shard_runs) -> dict:
+    return shard_runs[0]
+
+
+def test_a_shard_does_not_call_the_other_shards_expectations_stale(shard_runs):
+    output = shard_runs[1]
+    assert output.count("te_verify WARNING: stale expectation") == 1 and output.count(STALE) == 1  # unsharded run's
+    assert all(f"shard {k}/3: stale expectations are not judged on a shard" in output for k in SHARDS)
 
 
 def outcomes(folder: Path) -> dict[str, str]:
