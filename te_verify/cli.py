@@ -44,7 +44,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if getattr(args, option):
             argv += ["--" + option.replace("_", "-"), getattr(args, option)]
     code = pytest.main(argv + extra)
-    print(f"te-verify: report in {report_dir}")
+    if (report_dir / "results.json").exists():  # not after a usage error: its one line says it all
+        print(f"te-verify: report in {report_dir}")
     return int(code)
 
 
