@@ -1,7 +1,9 @@
 """te-verify: run the cases and write the report; diff two nights; re-render a report; update expectations.
 
-    te-verify run [--tier pr] [--backend NAME|pkg.mod:attr ...] [--report-dir DIR] [pytest args]
+    te-verify run [--tier pr] [--backend NAME|pkg.mod:attr ...] [--report-dir DIR] [--device D] [--shard K/N]
+                  [--workers N] [pytest args]
     te-verify report diff OLD/results.json NEW/results.json
+    te-verify report merge SHARD1 SHARD2 ... --out DIR
     te-verify report html RESULTS.json [--out report.html]
     te-verify expectations update REPORT_DIR_OR_RESULTS [--dir expectations]
 """
@@ -22,19 +24,28 @@ def default_report_dir() -> Path:
     return ROOT / "reports" / stamp
 
 
+def default_workers() -> int:
+    """One xdist worker per GPU where CUDA is available (each worker takes its own GPU), else one per core."""
+    import torch
+
+    return torch.cuda.device_count() or os.cpu_count() or 1
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Run cases/ under pytest with xdist; 0 only when nothing unexpectedly failed."""
     import pytest
 
     report_dir = Path(args.report_dir) if args.report_dir else default_report_dir()
     argv = [str(CASES), "-q", "-p", "no:cacheprovider", "--tier", args.tier, "--report-dir", str(report_dir),
-            "--junitxml", str(report_dir / "junit.xml"), "-n", str(args.workers)]
+            "--junitxml", str(report_dir / "junit.xml"), "-n", str(args.workers or default_workers())]
     for backend in args.backend:
         argv += ["--backend", backend]
-    if args.te_impl:
-        argv += ["--te-impl", args.te_impl]
+    for option in ("te_impl", "device", "shard"):
+        if getattr(args, option):
+            argv += ["--" + option.replace("_", "-"), getattr(args, option)]
     code = pytest.main(argv + extra)
-    print(f"te-verify: report in {report_dir}")
+    if (report_dir / "results.json").exists():  # not after a usage error: its one line says it all
+        print(f"te-verify: report in {report_dir}")
     return int(code)
 
 
@@ -62,9 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--backend", action="append", default=[], help="built-in name or package.module:attr")
     run_p.add_argument("--report-dir", default=None, help="default: reports/<timestamp>")
     run_p.add_argument("--te-impl", default=None, help="reference, transformer_engine or package.module")
-    run_p.add_argument("--workers", default=str(os.cpu_count() or 1), help="pytest-xdist workers (-n)")
-    report_p = sub.add_parser("report", help="report tools: diff two results.json files, or re-render HTML")
-    report_p.add_argument("action", choices=("diff", "html"))
+    run_p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    run_p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (merge with report merge)")
+    run_p.add_argument("--workers", default=None,
+                       help="pytest-xdist workers (-n; default: one per GPU with CUDA, else one per core)")
+    report_p = sub.add_parser("report", help="report tools: diff two results.json files, merge shard reports, "
+                                             "or re-render HTML")
+    report_p.add_argument("action", choices=("diff", "merge", "html"))
     exp_p = sub.add_parser("expectations", help="expectations tools")
     exp_p.add_argument("action", choices=("update",))
     exp_p.add_argument("report", help="a report folder or its results.json")
@@ -78,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         from te_verify.report import diff
 
         return diff.main(argv[2:])
+    if argv[:2] == ["report", "merge"]:
+        from te_verify.report import merge
+
+        return merge.main(argv[2:])
     if argv[:2] == ["report", "html"]:
         from te_verify.report import html
 

@@ -33,8 +33,12 @@ def transformer_engine_status() -> str:
 
 
 def device() -> str:
-    if torch.cuda.is_available():
-        return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    """The run's device (--device), kind first: "cuda: NVIDIA H100 80GB HBM3 x8" or "cpu: x86_64"."""
+    from te_verify import device as run_device
+
+    active = run_device.active()
+    if active.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(active)} x{torch.cuda.device_count()}"
     return f"cpu: {platform.processor() or platform.machine()}"
 
 

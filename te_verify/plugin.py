@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from te_verify import compat, environment
+from te_verify import device as run_device
 from te_verify.expectations import (ExpectationsError, current_env, failure_mismatch, load_expectations, mark_for,
                                     match, seen_in_rows, stale, stale_message, xpass_message)
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
@@ -22,7 +22,9 @@ from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
 from te_verify.matrix import TierError, check_tier
 from te_verify.report.repro import repro_hint
+from te_verify.report.results import outcome_of, reason_of
 from te_verify.report.writer import write_report
+from te_verify.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +32,8 @@ EXPECTATION = pytest.StashKey[object]()
 DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met by specs a test drew
 
 
-LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options")  # per-lane fixtures and options
+# Fixtures and options of the lanes, and --shard.
+LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options", "te_verify.shard")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -45,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--te-impl", default=None,
                     help="TE implementation: transformer_engine (CUDA), transformer_engine_cpu (TE's Python over the "
                          "tex emulation; default without CUDA), reference or package.module")
+    group.addoption("--device", default=None,
+                    help="device of every tensor the cases make: cpu, cuda (each xdist worker its own GPU) or cuda:N "
+                         "(default: cuda when available, else cpu)")
     group.addoption("--te-capability", default="sm90",
                     help="compute capability the tex emulation reports (sm89, sm90, sm100; default sm90)")
     group.addoption("--expectations", default=str(ROOT / "expectations"),
@@ -59,6 +65,7 @@ class Session:
         self.tier = config.getoption("tier")
         self.rows: list[dict] = []
         self.compat: set[str] = set()
+        self.shard = selected_shard(config)
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         self.te_impl = _activate_te_impl(config.getoption("te_impl"), config.getoption("te_capability"))
@@ -80,9 +87,12 @@ class Session:
             "argv": list(self.config.invocation_params.args),
             "versions": environment.versions(),
             "device": environment.device(),
+            "devices": sorted({row["device"] for row in self.rows if row.get("device")}),  # one GPU per worker
+            "shard": str(self.shard) if self.shard else None,
             "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
             "compat": sorted(self.compat | set(compat.APPLIED)),
             "backends": {b.name: _availability(b) for b in self.backends.values()},
+            "backend_paths": {b.name: n for n, b in self.backends.items()},
         }
 
 
@@ -107,8 +117,11 @@ def pytest_configure(config: pytest.Config) -> None:
     thunder_named_tensors.apply()  # before anything can import thunder, in every process
     try:
         check_tier(config.getoption("tier"))
+        # Before anything initialises CUDA (TE's import does): xdist worker k binds GPU k mod n.
+        worker = getattr(config, "workerinput", {}).get("workerid")
+        run_device.use(run_device.resolve(config.getoption("device"), worker))
         config.stash[SESSION] = Session(config)
-    except (TierError, BackendError, ExpectationsError, ValueError) as exc:
+    except (TierError, BackendError, ExpectationsError, ShardError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -118,7 +131,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"te_verify: tier {session.tier}; backends {', '.join([*session.backends, *session.dist_wrappers])}",
         "te_verify versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-        f"te_verify device: {environment.device()}",
+        f"te_verify device: {environment.device()}" + (f"; shard {session.shard}" if session.shard else ""),
         f"te_verify TE implementation: {session.te_impl.name}: {session.te_impl.describe} ({session.te_impl.why})",
         "te_verify compatibility steps: " + ("; ".join(compat.APPLIED) or "none"),
     ]
@@ -205,25 +218,6 @@ def _drawn_backend(item: pytest.Item) -> str:
     return pair[0] if isinstance(pair, tuple) else "-"
 
 
-def _outcome(report: pytest.TestReport) -> str:
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.when != "call" and report.failed:
-        return "error"
-    return report.outcome
-
-
-def _reason(report: pytest.TestReport) -> str:
-    if hasattr(report, "wasxfail"):
-        return report.wasxfail
-    if report.skipped and isinstance(report.longrepr, tuple):
-        return report.longrepr[2].removeprefix("Skipped: ")
-    if report.failed:
-        crash = getattr(report.longrepr, "reprcrash", None)
-        return crash.message if crash else str(report.longrepr)[-2000:]
-    return ""
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
@@ -237,20 +231,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "case_id": run.spec.id if run else item.name,
         "family": run.spec.family if run else getattr(module, "FAMILY", item.module.__name__ if module else "?"),
         "backend": run.backend_name if run else _drawn_backend(item),
-        "outcome": _outcome(report),
-        "reason": _reason(report),
+        "outcome": outcome_of(report),
+        "reason": reason_of(report),
         "duration": round(report.duration, 4),
         "figures": dict(run.figures) if run else {},
         "spec": run.spec.to_dict() if run else None,
         "expectation": None,
         "compat": list(compat.APPLIED),
+        "device": str(run_device.active()),
     }
     if item.stash.get(DRAWN_GAPS, None):
         row["drawn_gaps"] = list(item.stash[DRAWN_GAPS].values())
     entry = item.stash.get(EXPECTATION, None)
     if entry is not None:
         _check_failure_text(entry, report, call)
-        row["outcome"], row["reason"] = _outcome(report), _reason(report)
+        row["outcome"], row["reason"] = outcome_of(report), reason_of(report)
         row["expectation"] = entry.to_row()
         if row["outcome"] == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
             row["observed"] = str(call.excinfo.value)[:2000]
@@ -307,8 +302,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     report_dir = session.config.getoption("report_dir")
     if not report_dir:
         return
-    results = {"schema_version": 1, "header": state.header(), "rows": state.rows}
-    write_report(Path(report_dir), results, {b.name: n for n, b in state.backends.items()})
+    header = state.header()
+    write_report(Path(report_dir), {"schema_version": 1, "header": header, "rows": state.rows}, header["backend_paths"])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -316,6 +311,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if hasattr(config, "workerinput") or not _CONTROLLER:
         return
     state = _CONTROLLER[0]
+    if state.shard is not None:  # the other shards' cases match the rest: only a whole run can tell what is stale
+        terminalreporter.write_line(f"te_verify: shard {state.shard}: stale expectations are not judged on a shard")
+        return
     ran = {r["backend"] for r in state.rows}
     for entry in stale(state.expectations, seen_in_rows(state.expectations, state.rows), env=state.env, backends=ran):
         terminalreporter.write_line(f"te_verify WARNING: {stale_message(entry)}", yellow=True)

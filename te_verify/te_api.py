@@ -113,10 +113,12 @@ def real_te_reason() -> str | None:
 
 
 def _real(why: str) -> TEImpl:
+    from te_verify import device as run_device
     from te_verify.environment import transformer_engine_version
 
+    gpu = run_device.active() if run_device.active().type == "cuda" else torch.device("cuda", 0)
     return TEImpl("transformer_engine", REAL, why, f"TE {transformer_engine_version()} on "
-                  f"{torch.cuda.get_device_name(0)} (Python layer and C++ kernels under test)", _te_python)
+                  f"{torch.cuda.get_device_name(gpu)} (Python layer and C++ kernels under test)", _te_python)
 
 
 def _emulated(why: str, capability: str) -> TEImpl:
@@ -154,14 +156,37 @@ def _external(name: str) -> TEImpl:
     return TEImpl(name, EXTERNAL, f"--te-impl {name}", f"{name} (a user-supplied TE API module)", lambda: api)
 
 
+def _default(capability: str) -> TEImpl:
+    """Real TE on a CUDA device; TE's Python over the emulation on a machine without CUDA; else the reference."""
+    from te_verify import device as run_device
+
+    if run_device.active().type == "cuda":
+        reason = real_te_reason()
+        return _real("default: CUDA and transformer_engine.pytorch are available") if reason is None \
+            else _reference(f"default: no TE to run on CUDA ({reason})")
+    if te_installed() and not torch.cuda.is_available():
+        return _emulated("default: no CUDA device; the installed TE's Python runs over the tex emulation", capability)
+    if te_installed():
+        return _reference("default for --device cpu on a CUDA machine: TE's kernels need the GPU and the tex "
+                          "emulation serves machines without CUDA")
+    return _reference("default: transformer_engine is not installed")
+
+
+def device_reason(impl: TEImpl, device: torch.device) -> str | None:
+    """Why `impl` cannot serve the TE families on `device` (None if it can): real TE needs CUDA, the tex
+    emulation runs TE's Python on the CPU only."""
+    if impl.kind == REAL and device.type != "cuda":
+        return f"--te-impl {impl.name} runs TE's kernels on CUDA, not on --device {device}"
+    if impl.kind == EMULATED and device.type != "cpu":
+        return (f"--te-impl {impl.name} emulates TE's C++ on the CPU only, not on --device {device}; "
+                f"use --te-impl transformer_engine or reference there")
+    return None
+
+
 def resolve(name: str | None, capability: str = "sm90") -> TEImpl:
-    """The TE implementation for `--te-impl name` (None: the default for this machine)."""
+    """The TE implementation for `--te-impl name` (None: the default for this machine and --device)."""
     if name in (None, "", "auto"):
-        if real_te_reason() is None:
-            return _real("default: CUDA and transformer_engine.pytorch are available")
-        if te_installed() and not torch.cuda.is_available():
-            return _emulated("default: no CUDA device; the installed TE's Python runs over the tex emulation", capability)
-        return _reference(f"default: no TE to run ({real_te_reason()})")
+        return _default(capability)
     if name == "transformer_engine":
         reason = real_te_reason()
         if reason is not None:

@@ -34,6 +34,7 @@ def test_rows_from_every_xdist_worker_reach_results(tmp_path):
     assert {r["outcome"] for r in results["rows"]} == {"passed"}
     header = results["header"]
     assert header["versions"]["torch"].startswith("2.") and header["tier"] == "smoke"
+    assert header["device"].startswith("cpu: ") and header["devices"] == ["cpu"] and header["shard"] is None
     assert any("thunder-named-tensor-stubs" in step for step in header["compat"])
     assert "| freeze |" in (report / "summary.md").read_text()
 
@@ -43,6 +44,8 @@ def test_rows_from_every_xdist_worker_reach_results(tmp_path):
     (["--backend", "nosuch_module:Thing"], "--backend 'nosuch_module:Thing': cannot load it"),
     (["--backend", "external_backend:NotThere"], "--backend 'external_backend:NotThere': cannot load it"),
     (["--tier", "weekly"], "--tier 'weekly'"),
+    (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
+    (["--shard", "4/3"], "--shard '4/3': K must be between 1 and N (3)"),
 ])
 def test_bad_option_is_a_one_line_usage_error(option, culprit):
     proc = run_pytest("cases/test_freeze.py", "--collect-only", "-q", *option)

@@ -47,12 +47,12 @@ def test_scale_rule_margin_and_zero_amax():
 
 def test_delayed_scaling_uses_history_current_uses_now():
     x = torch.full((16, 16), 2.0)
-    delayed = TensorScaler(DelayedScaling(amax_history_len=4), torch.float8_e4m3fn)
+    delayed = TensorScaler(DelayedScaling(amax_history_len=4), torch.float8_e4m3fn, torch.device("cpu"))
     first = delayed.quantize(x)
     assert first.scale_inv == 1.0  # no history yet: scale 1
     delayed.update()
     assert delayed.quantize(x).scale_inv == pytest.approx(2.0 / 448.0)
-    current = TensorScaler(Float8CurrentScaling(), torch.float8_e4m3fn)
+    current = TensorScaler(Float8CurrentScaling(), torch.float8_e4m3fn, torch.device("cpu"))
     assert current.quantize(x).scale_inv == pytest.approx(2.0 / 448.0)
 
 

@@ -112,5 +112,5 @@ def test_reference_hybrid_quantizes_gradients_in_e5m2():
     from te_verify.reference.recipe import DelayedScaling
 
     state, recipe = LayerState("0"), DelayedScaling(fp8_format=Format.HYBRID)
-    assert state.scaler("input", recipe).dtype == torch.float8_e4m3fn
-    assert state.scaler("grad_output", recipe).dtype == torch.float8_e5m2
+    assert state.scaler("input", recipe, torch.device("cpu")).dtype == torch.float8_e4m3fn
+    assert state.scaler("grad_output", recipe, torch.device("cpu")).dtype == torch.float8_e5m2

@@ -5,7 +5,8 @@ Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear pe
 (te.GroupedLinear with one group per layer), "ops_linear" (te.ops.Linear), "ops_grouped_linear"
 (te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers). With
 spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
-(grad_added_to_main_grad) the Megatron flag.
+(grad_added_to_main_grad) the Megatron flag. TE's modules are made on the run's device (te_verify.device), like
+the model whose Parameters they hold; an implementation that cannot run there skips with its reason.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from te_verify import device as run_device
 from te_verify import te_api
 from te_verify.spec import CaseSpec, TEConfig
 
@@ -59,7 +61,8 @@ def _share(module: torch.nn.Module, pairs: dict[str, torch.nn.Parameter | None])
 
 
 def _module_kw(te: TEConfig, dtype: torch.dtype) -> dict:
-    return dict(fuse_wgrad_accumulation=te.main_grad, delay_wgrad_compute=te.delay_wgrad, params_dtype=dtype)
+    return dict(fuse_wgrad_accumulation=te.main_grad, delay_wgrad_compute=te.delay_wgrad, params_dtype=dtype,
+                device=run_device.active())
 
 
 def _linear(api, ls, te, dtype, name):
@@ -91,7 +94,7 @@ def _grouped_linear(api, ls, te, dtype, name):
 def _ops_linear(api, ls, te, dtype, name):
     (l,) = ls
     op = api.ops.Linear(l.in_features, l.out_features, bias=l.bias is not None, dtype=dtype,
-                        accumulate_into_main_grad=te.main_grad)
+                        device=run_device.active(), accumulate_into_main_grad=te.main_grad)
     _share(op.basic_ops[0], {"weight": l.weight})
     if l.bias is not None:
         _share(op.basic_ops[1], {"bias": l.bias})
@@ -102,12 +105,18 @@ def _ops_grouped_linear(api, ls, te, dtype, name):
     (l,) = ls
     e = _experts_of(l)[0]
     op = api.ops.GroupedLinear(te.experts, e.in_features, e.out_features, bias=e.bias is not None, dtype=dtype,
-                               accumulate_into_main_grad=te.main_grad, delay_wgrad_compute=te.delay_wgrad)
+                               device=run_device.active(), accumulate_into_main_grad=te.main_grad,
+                               delay_wgrad_compute=te.delay_wgrad)
     return _share(op, _group_params(l))
 
 
 def _splits(x: torch.Tensor, groups: int) -> list[int]:
     return [x.shape[0] // groups] * groups
+
+
+def _split_tensor(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """te.ops GroupedLinear's split sizes, on the input's device (TE's grouped-tensor path requires CUDA ones)."""
+    return torch.tensor(_splits(x, groups), dtype=torch.int64, device=x.device)
 
 
 def _grouped_mlp(api, ls, te, dtype, name):
@@ -122,7 +131,7 @@ KINDS: dict[str, Kind] = {
     "grouped_linear": Kind(_grouped_linear, 1, lambda m, x: m(x, _splits(x, m.num_gemms)), "GroupedLinear"),
     "ops_linear": Kind(_ops_linear, 1, lambda m, x: m(x), "ops"),
     "ops_grouped_linear": Kind(_ops_grouped_linear, 1,
-                               lambda m, x: m(x, torch.tensor(_splits(x, m.num_groups))), "ops"),
+                               lambda m, x: m(x, _split_tensor(x, m.num_groups)), "ops"),
     "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x: m(x, [x.shape[0]]), "GroupedMLP"),
 }
 
@@ -172,7 +181,9 @@ class TEEagerBackend:
         return te_api.active()
 
     def available(self) -> tuple[bool, str]:
-        return True, ""  # te_api.resolve already refused an implementation that cannot run here
+        # te_api.resolve already refused an implementation that cannot run on this machine; the device may not fit.
+        reason = te_api.device_reason(self.impl, run_device.active())
+        return (False, reason) if reason else (True, "")
 
     def unsupported_reason(self, spec: CaseSpec) -> str | None:
         """Why this backend cannot run `spec` here (None if it can)."""

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from te_verify import device as run_device
 from te_verify import te_api
 from te_verify.backends.te_eager import fp8_skip_reason
 from te_verify.spec import CaseSpec, TEConfig
@@ -38,6 +39,9 @@ class ThunderTEBackend:
         if not self.impl.runs_te_python:
             return False, (f"thunder's transformer_engine_ex calls TE's own Python (te.ops.BasicLinear); "
                            f"--te-impl {self.impl.name} serves none")
+        reason = te_api.device_reason(self.impl, run_device.active())
+        if reason:
+            return False, reason
         try:
             self._thunder_executor()
         except ImportError as exc:

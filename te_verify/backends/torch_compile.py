@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
+from te_verify import device as run_device
 from te_verify.spec import CaseSpec
 
 
@@ -17,6 +18,11 @@ class TorchCompileBackend:
     def available(self) -> tuple[bool, str]:
         if self.dynamo_backend not in torch._dynamo.list_backends(exclude_tags=()):
             return False, f"torch {torch.__version__} has no dynamo backend {self.dynamo_backend!r}"
+        if self.dynamo_backend == "inductor" and run_device.active().type == "cuda":
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                return False, "inductor compiles CUDA kernels with triton, which is not installed"
         return True, ""
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):

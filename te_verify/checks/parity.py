@@ -9,9 +9,14 @@ from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
 
 
+def host64(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host in fp64: the reference and a distributed rank's gradients come from different devices."""
+    return t.detach().to(device="cpu", dtype=torch.float64)
+
+
 def max_errors(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
     """Max absolute error and max relative error (relative to |ref|, where ref is non-zero), in fp64."""
-    ref64, got64 = ref.detach().double(), got.detach().double()
+    ref64, got64 = host64(ref), host64(got)
     abs_err = (got64 - ref64).abs()
     rel_err = abs_err / ref64.abs().clamp_min(torch.finfo(torch.float64).tiny)
     if abs_err.numel() == 0:
@@ -23,13 +28,14 @@ def compare_tensor(what: str, ref: torch.Tensor, got: torch.Tensor, tol: Toleran
     """None when `got` matches `ref` within `tol` (assert_close's rule); otherwise a message naming `what`."""
     if ref.shape != got.shape:
         return f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
-    if not torch.isfinite(got).all() and torch.isfinite(ref).all():
+    ref64, got64 = host64(ref), host64(got)
+    if not torch.isfinite(got64).all() and torch.isfinite(ref64).all():
         return f"{what}: non-finite values where the reference is finite"
-    close = torch.isclose(got.double(), ref.double(), rtol=tol.rtol, atol=tol.atol)
+    close = torch.isclose(got64, ref64, rtol=tol.rtol, atol=tol.atol)
     if close.all():
         return None
     abs_err, rel_err = max_errors(ref, got)
-    return f"{what}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} exceeds {tol} ({_first_mismatch(close, ref, got)})"
+    return f"{what}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} exceeds {tol} ({_first_mismatch(close, ref64, got64)})"
 
 
 def _first_mismatch(close: torch.Tensor, ref: torch.Tensor, got: torch.Tensor) -> str:

@@ -4,6 +4,8 @@ Every rank builds the identical seeded model, freezes it as the spec says (befor
 wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
 scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
 batch. Collectives are counted and the gathered-parameter timeline recorded while forward and backward run.
+Everything is made on the rank's device (te_verify.device, set by the pool or the torchrun entry); the outcome
+travels back as host copies.
 """
 from __future__ import annotations
 
@@ -73,6 +75,12 @@ def gather_batch(t: torch.Tensor | None) -> torch.Tensor | None:
     return torch.cat(parts)
 
 
+def to_host(grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    """Host copies of a rank's gradients: unpickling a CUDA tensor would open a context on the rank's GPU in
+    the caller's process."""
+    return {name: None if g is None else g.cpu() for name, g in grads.items()}
+
+
 def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     """The pool's per-case callable: run `case` on this rank."""
     spec = case.spec
@@ -100,10 +108,11 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         if observe:
             timeline.mark("backward_end", -1)
     input_grad = None if x.grad is None else x.grad / wrapped.grad_divisor
+    gathered = gather_batch(input_grad)
     return RankOutcome(
         rank=rank,
-        grads=wrapped.full_grads(),
-        input_grad=gather_batch(input_grad),
+        grads=to_host(wrapped.full_grads()),
+        input_grad=None if gathered is None else gathered.cpu(),
         collectives=counter.calls,
         timeline=timeline.events,
     )

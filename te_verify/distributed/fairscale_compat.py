@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.spec import CaseSpec
 
@@ -57,12 +58,12 @@ class _TorchProxy(types.ModuleType):
         return getattr(torch, name)
 
 
-def apply() -> types.ModuleType:
-    """Install the layer (once per process) and return fairscale's FSDP module."""
+def apply(device: torch.device) -> types.ModuleType:
+    """Install the layer (once per process, whose ranks run on the CPU) and return fairscale's FSDP module."""
     version = importlib.metadata.version("fairscale")
     if version != SUPPORTED:
         raise RuntimeError(f"fairscale {version}: te_verify's CPU compatibility layer is written for {SUPPORTED} only")
-    if torch.cuda.is_available():
+    if device.type == "cuda":
         return importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
     os.environ["ENABLE_NCCL_BASE_COLLECTIVES"] = "0"  # read at fairscale import time
     module = importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
@@ -103,8 +104,9 @@ def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
     unknown = set(opts) - {"reshard_after_forward", "flatten_parameters"}
     if unknown:
         raise WrapperError(f"dist.options {sorted(unknown)}: fairscale FSDP takes reshard_after_forward, flatten_parameters")
-    FSDP = apply().FullyShardedDataParallel
-    kwargs = dict(opts, compute_device=torch.device("cpu") if not torch.cuda.is_available() else None)
+    device = run_device.active()
+    FSDP = apply(device).FullyShardedDataParallel
+    kwargs = dict(opts, compute_device=device)
     layers = list(model)
     units = [FSDP(layer, **kwargs) for layer in layers]
     root = FSDP(nn.Sequential(*units), **kwargs)

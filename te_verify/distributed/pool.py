@@ -4,7 +4,8 @@ Spawning a process group costs ~2.3 s here; the pool pays it once per process (p
 goes through a `file://` store in a fresh temporary directory (never a port). A case that times out or whose
 rank dies fails with the rank number and its stack (hung: faulthandler dump; raised: traceback; died: the
 signal); the pool is then killed (each rank leads its own process group), reaped and verified gone, and the
-next case starts a fresh pool.
+next case starts a fresh pool. On a GPU the ranks sit on distinct GPUs from the caller's on (nccl forbids two
+ranks of one communicator on one GPU); a world larger than the GPUs seen is refused (`rank_devices`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from te_verify import device as run_device
 from te_verify.distributed import worker
 
 # After one rank raises, how long the others get to finish before they count as stuck behind it.
@@ -48,10 +50,9 @@ class PoolResult:
             raise RankFailure(f"{what}: " + "\n".join(parts))
 
 
-def default_backend() -> str:
-    import torch
-
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+def backend_for(device_type: str) -> str:
+    """The process-group backend for ranks on `device_type`: nccl on GPUs, gloo on the CPU."""
+    return "nccl" if device_type == "cuda" else "gloo"
 
 
 def process_gone(pid: int) -> bool:
@@ -99,8 +100,10 @@ class RankPool:
 
     # Number of ranks.
     world_size: int = 2
-    # "gloo" or "nccl"; None picks nccl when CUDA is present, else gloo.
+    # "gloo" or "nccl"; None picks by the device (nccl for cuda, gloo for cpu).
     backend: str | None = None
+    # The caller's device ("cpu", or "cuda:k" for xdist worker k's GPU): rank r runs on GPU (k + r) mod n.
+    device: str = "cpu"
     # Default per-case timeout in seconds.
     case_timeout_s: float = 60.0
     # Time allowed for all ranks to start and rendezvous.
@@ -122,11 +125,22 @@ class RankPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    def rank_devices(self) -> list[str]:
+        """One device per rank; DeviceError when the world does not fit the GPUs this process sees."""
+        import torch
+
+        first = torch.device(self.device)
+        gpus = torch.cuda.device_count() if first.type == "cuda" else 0
+        return [str(d) for d in run_device.rank_devices(first, self.world_size, gpus)]
+
     def start(self) -> None:
         """Spawn the ranks and wait until every one has joined the process group."""
         if self.running:
             return
-        backend = self.backend or default_backend()
+        import torch
+
+        devices = self.rank_devices()
+        backend = self.backend or backend_for(torch.device(self.device).type)
         ctx = multiprocessing.get_context("spawn")
         self._tmpdir = tempfile.mkdtemp(prefix="te_verify_pool_")
         init_file = os.path.join(self._tmpdir, "store")
@@ -134,7 +148,8 @@ class RankPool:
             parent, child = ctx.Pipe()
             dump = os.path.join(self._tmpdir, f"stack{rank}.txt")
             proc = ctx.Process(target=worker.rank_main, name=f"te_verify-rank{rank}", daemon=True,
-                               args=(rank, self.world_size, init_file, backend, child, dump, self.case_timeout_s))
+                               args=(rank, self.world_size, init_file, backend, devices[rank], child, dump,
+                                     self.case_timeout_s))
             proc.start()
             child.close()
             self._procs.append(proc)

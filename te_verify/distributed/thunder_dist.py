@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from te_verify import device as run_device
 from te_verify.compat.thunder import import_thunder
 from te_verify.spec import CaseSpec
 
@@ -36,7 +37,7 @@ def wrap_thunder_dist(model: nn.Sequential, spec: CaseSpec, opts: dict):
     else:
         unknown = set(opts) - {"sharding_strategy"}
         strategy = tdist.FSDPType[opts.get("sharding_strategy", "ZERO3")]
-        wrapped = tdist.fsdp(jitted, device=torch.device("cpu"), sharding_strategy=strategy)
+        wrapped = tdist.fsdp(jitted, device=run_device.active(), sharding_strategy=strategy)
     if unknown:
         raise WrapperError(f"dist.options {sorted(unknown)}: not {spec.dist.wrapper} options")
     sharded = spec.dist.wrapper == "thunder_fsdp"

@@ -81,7 +81,7 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
     """Run `spec` on every rank of `pool` and return the verdicts; `figures` receives overhead_s."""
     if spec.dist.world_size != pool.world_size:
         raise ValueError(f"[{spec.id}] dist.world_size={spec.dist.world_size}: the rank pool has {pool.world_size} ranks")
-    if spec.dist.wrapper == "fairscale_fsdp":
+    if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
     result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s)
     figures["overhead_s"] = result.overhead_s

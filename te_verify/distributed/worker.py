@@ -54,11 +54,8 @@ def recv(conn) -> Any:
 
 
 def init_process_group(rank: int, world_size: int, init_file: str, backend: str, timeout_s: float) -> None:
-    import torch
     import torch.distributed as dist
 
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
@@ -91,7 +88,7 @@ def run_one(rank: int, world_size: int, message: CaseMessage) -> RankReply:
     return RankReply(rank, result=result, compute_s=time.perf_counter() - start)
 
 
-def rank_main(rank: int, world_size: int, init_file: str, backend: str, conn, dump_path: str,
+def rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, conn, dump_path: str,
               timeout_s: float) -> None:
     """Entry point of one pool rank (a spawned process)."""
     os.setpgid(0, 0)  # own process group, so the pool can kill this rank and anything it started at once
@@ -102,6 +99,9 @@ def rank_main(rank: int, world_size: int, init_file: str, backend: str, conn, du
     import torch
 
     torch.set_num_threads(1)  # N ranks per xdist worker share few cores; oversubscription only adds jitter
+    from te_verify import device as run_device
+
+    run_device.use(torch.device(device))  # before the process group: nccl binds its communicator to the current GPU
     init_process_group(rank, world_size, init_file, backend, timeout_s)
     send(conn, RankReply(rank, result="ready"))
     while True:

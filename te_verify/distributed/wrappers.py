@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from te_verify import device as run_device
 from te_verify.spec import CaseSpec
 
 
@@ -85,7 +86,7 @@ def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     if opts or strategy not in ShardingStrategy.__members__:
         raise WrapperError(f"dist.options {spec.dist.options!r}: FSDP1 takes sharding=FULL_SHARD|SHARD_GRAD_OP|NO_SHARD")
     layers = list(model)
-    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"),
+    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=run_device.active(),
                 use_orig_params=True, sharding_strategy=ShardingStrategy[strategy])
     units = [m for m in fsdp.modules() if isinstance(m, FSDP) and m is not fsdp]
 
@@ -108,7 +109,8 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     reshard = opts.pop("reshard_after_forward", True)
     if opts:
         raise WrapperError(f"dist.options {sorted(opts)}: FSDP2 takes reshard_after_forward only")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # a CPU mesh: gloo on a GPU host segfaults (#132471)
+    # The rank's device type: a CUDA mesh with gloo on a GPU host segfaults (#132471), so --device cpu keeps a CPU one.
+    mesh = init_device_mesh(run_device.active().type, (dist.get_world_size(),))
     layers = list(model)
     for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)

@@ -1,6 +1,6 @@
 """Peak memory over the whole run (forward + every backward pass) and over backward passes alone.
 
-On GPU: the CUDA allocator's figures (`max_memory_allocated` after `reset_peak_memory_stats`), minus what was
+On a CUDA run device (--device): the CUDA allocator's figures for that GPU (`max_memory_allocated` after `reset_peak_memory_stats`), minus what was
 allocated when the probe was entered. On CPU: the shared Watcher's tracker of live storages allocated during
 the run (a weakref callback per storage untracks it when freed; bytes are storage bytes, no allocator
 rounding). Memory that existed before the run (parameters, the input, the output cotangent) is not counted in either, so the figures
@@ -16,12 +16,9 @@ from typing import Any
 
 import torch
 
+from te_verify import device as run_device
 from te_verify.probes import dispatch
 from te_verify.probes.dispatch import Watcher
-
-
-def _on_cuda() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 class PeakMemoryProbe:
@@ -30,7 +27,8 @@ class PeakMemoryProbe:
     name = "memory"
 
     def __init__(self) -> None:
-        self.source = "cuda_allocator" if _on_cuda() else "cpu_storage_tracker"
+        self.device = run_device.active()
+        self.source = "cuda_allocator" if self.device.type == "cuda" else "cpu_storage_tracker"
         self.peak_bytes = 0
         self.peak_backward_bytes = 0
         self._in_backward = False
@@ -41,22 +39,22 @@ class PeakMemoryProbe:
         self.peak_bytes = self.peak_backward_bytes = 0
         self._in_backward = False
         if self.source == "cuda_allocator":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._baseline = torch.cuda.memory_allocated()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._baseline = torch.cuda.memory_allocated(self.device)
         else:
             self._watcher = dispatch.subscribe(self)
         return self
 
     def _window_peak(self) -> int:
         if self.source == "cuda_allocator":
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() - self._baseline
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self._baseline
         return self._watcher.window_peak_bytes
 
     def _reset_window(self) -> None:
         if self.source == "cuda_allocator":
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self._watcher.reset_window()
 

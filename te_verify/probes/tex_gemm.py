@@ -110,6 +110,7 @@ class TexGemmProbe:
             "tex_gemms_fp8": sum(e.gemm.fp8 for e in events),
             "te_layers_claimed": sorted({e.layer for e in forward if e.role == "fprop"}),
             "tex_gemms_unattributed": sum(e.layer == "?" for e in events),
+            "tex_calls_unmeasured": sorted(set(self.recorder.record.unmeasured)),
         }
 
     def observations(self) -> dict[str, Any]:

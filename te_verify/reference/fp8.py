@@ -41,17 +41,18 @@ class Float8Tensor:
 class TensorScaler:
     """The scaling state of one tensor slot of one layer (input, weight or grad_output)."""
 
-    def __init__(self, recipe: Recipe, dtype: torch.dtype) -> None:
+    def __init__(self, recipe: Recipe, dtype: torch.dtype, device: torch.device) -> None:
         self.recipe = recipe
         self.dtype = dtype
-        self.scale = torch.ones((), dtype=torch.float32)
+        self.scale = torch.ones((), dtype=torch.float32, device=device)
         history = recipe.amax_history_len if recipe.delayed() else 1
-        self.amax_history = torch.zeros(history, dtype=torch.float32)
+        self.amax_history = torch.zeros(history, dtype=torch.float32, device=device)
 
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
-        amax = x.detach().abs().max().float() if x.numel() else torch.zeros(())
+        amax = x.detach().abs().max().float() if x.numel() else torch.zeros((), device=x.device)
         if not self.recipe.delayed():
-            self.scale = scale_from_amax(amax, FP8_MAX[self.dtype], self.recipe.margin, torch.ones(()))
+            self.scale = scale_from_amax(amax, FP8_MAX[self.dtype], self.recipe.margin,
+                                         torch.ones((), device=x.device))
         self.amax_history[0] = torch.maximum(self.amax_history[0], amax)
         scale = self.scale.clone()
         return Float8Tensor(quantize(x, scale, self.dtype), scale.reciprocal())

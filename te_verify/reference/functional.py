@@ -27,12 +27,14 @@ class LayerState:
         self.recipe: Recipe | None = None
         self.scalers: dict[str, TensorScaler] = {}
 
-    def scaler(self, slot: str, recipe: Recipe) -> TensorScaler:
+    def scaler(self, slot: str, recipe: Recipe, device: torch.device) -> TensorScaler:
+        """The slot's scaling state, made on `device` (the tensors it scales) on first use."""
         if recipe is not self.recipe:
             self.recipe, self.scalers = recipe, {}
         if slot not in self.scalers:
             fmt = recipe.fp8_format
-            self.scalers[slot] = TensorScaler(recipe, fmt.bwd_dtype if slot == "grad_output" else fmt.fwd_dtype)
+            dtype = fmt.bwd_dtype if slot == "grad_output" else fmt.fwd_dtype
+            self.scalers[slot] = TensorScaler(recipe, dtype, device)
         return self.scalers[slot]
 
 
@@ -45,13 +47,14 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
     """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta)."""
     fp8 = is_fp8_enabled()
     x2d = _as_2d(x)
-    meta = torch.tensor([float(fp8)])
+    meta = torch.tensor([float(fp8)], device=x.device)
     x_si = w_si = None
     if fp8:
         assert_fp8_dims(x2d)
         assert_fp8_dims(w)
         recipe = get_fp8_recipe()
-        qx, qw = state.scaler("input", recipe).quantize(x2d), state.scaler("weight", recipe).quantize(w)
+        qx = state.scaler("input", recipe, x2d.device).quantize(x2d)
+        qw = state.scaler("weight", recipe, w.device).quantize(w)
         for slot in ("input", "weight"):
             note_forward_scaler(state.scalers[slot])
         x_op, w_op = qx.dequantize(), qw.dequantize()
@@ -93,7 +96,7 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
     fp8 = bool(meta[0])
     g2d = _as_2d(grad_out)
     if fp8:
-        scaler = state.scaler("grad_output", state.recipe)
+        scaler = state.scaler("grad_output", state.recipe, g2d.device)
         g_op = scaler.quantize(g2d).dequantize()
         scaler.update()
     else:

@@ -9,14 +9,15 @@ import torch
 
 from te_verify.reference import contract
 
-_DUMMIES: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+_DUMMIES: dict[tuple[tuple[int, ...], torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def get_dummy_wgrad(shape: tuple[int, ...], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
-    """One cached tensor per (shape, dtype), shared by all parameters, as TE's get_dummy_wgrad."""
-    key = (tuple(shape), dtype)
+def get_dummy_wgrad(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                    zero: bool = False) -> torch.Tensor:
+    """One cached tensor per (shape, dtype, device), shared by all parameters, as TE's get_dummy_wgrad."""
+    key = (tuple(shape), dtype, device)
     if key not in _DUMMIES:
-        _DUMMIES[key] = torch.empty(shape, dtype=dtype)
+        _DUMMIES[key] = torch.empty(shape, dtype=dtype, device=device)
     if zero:
         _DUMMIES[key].zero_()
     return _DUMMIES[key]
@@ -39,7 +40,8 @@ def returned_wgrad(kind: str, param: torch.nn.Parameter, wgrad: torch.Tensor | N
         return wgrad
     if ret == "dummy":
         param.grad_added_to_main_grad = True
-        return get_dummy_wgrad(tuple(param.shape), param.dtype, zero=getattr(param, "zero_out_wgrad", False))
+        return get_dummy_wgrad(tuple(param.shape), param.dtype, param.device,
+                               zero=getattr(param, "zero_out_wgrad", False))
     return None
 
 

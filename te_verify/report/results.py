@@ -36,6 +36,28 @@ def load_results(path: Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsError(f"{path}: cannot read results: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION \
+            or not isinstance(data.get("header"), dict) or not isinstance(data.get("rows"), list):
         raise ResultsError(f"{path}: not a te_verify results file of schema_version {SCHEMA_VERSION}")
     return data
+
+
+def outcome_of(report) -> str:
+    """A row's outcome from a pytest TestReport (xfailed/xpassed, error outside the call phase)."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.when != "call" and report.failed:
+        return "error"
+    return report.outcome
+
+
+def reason_of(report) -> str:
+    """A row's reason from a pytest TestReport: the xfail reason, the skip reason or the failure's message."""
+    if hasattr(report, "wasxfail"):
+        return report.wasxfail
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return report.longrepr[2].removeprefix("Skipped: ")
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        return crash.message if crash else str(report.longrepr)[-2000:]
+    return ""

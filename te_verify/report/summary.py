@@ -49,7 +49,10 @@ def render_summary(results: dict[str, Any]) -> str:
         "Totals: " + ", ".join(f"{totals[o]} {o}" for o in SHOWN if totals.get(o)),
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in header.get("versions", {}).items()),
-        f"Device: {header.get('device')}; TE implementation: {header.get('te_impl', {}).get('name')}",
+        f"Device: {header.get('device')} (rows on {', '.join(header.get('devices') or ['?'])}); "
+        f"TE implementation: {header.get('te_impl', {}).get('name')}",
+        *([f"Shard {header['shard']}"] if header.get("shard") else []),
+        *([f"Merged from shards {', '.join(header['shards'])}"] if header.get("shards") else []),
         "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
         "",
         "## Outcomes (family x backend)",

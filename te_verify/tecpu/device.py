@@ -16,6 +16,9 @@ TORCH_DTYPES = {"kByte": torch.uint8, "kInt32": torch.int32, "kInt64": torch.int
                 "kFloat16": torch.float16, "kBFloat16": torch.bfloat16, "kFloat8E4M3": torch.float8_e4m3fn,
                 "kFloat8E5M2": torch.float8_e5m2}
 
+# The emulated accelerator: every tensor the emulation makes names it (never torch's default device).
+EMULATED = torch.device("cpu")
+
 _CAPABILITY: list[str] = [DEFAULT_CAPABILITY]
 
 

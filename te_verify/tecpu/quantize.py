@@ -55,14 +55,14 @@ def _kind(quantizer: Any) -> str:
 def compute_scale_from_amax(amax: float, fp8_max: float, force_pow_2: bool, epsilon: float,
                             value_for_inf: float = FLOAT32_MAX) -> float:
     """common/recipe/recipe_common.cuh, in fp32."""
-    amax = torch.tensor(amax, dtype=torch.float32)
+    amax = torch.tensor(amax, dtype=torch.float32, device=device.EMULATED)
     if amax < epsilon:
-        amax = torch.tensor(epsilon, dtype=torch.float32)
+        amax = torch.tensor(epsilon, dtype=torch.float32, device=device.EMULATED)
     if torch.isinf(amax) or amax == 0 or torch.isnan(amax):
         return 1.0
-    scale = torch.tensor(fp8_max, dtype=torch.float32) / amax
+    scale = torch.tensor(fp8_max, dtype=torch.float32, device=device.EMULATED) / amax
     if torch.isinf(scale):
-        scale = torch.tensor(value_for_inf, dtype=torch.float32)
+        scale = torch.tensor(value_for_inf, dtype=torch.float32, device=device.EMULATED)
     if force_pow_2:
         scale = (scale.view(torch.int32) & int(0xFF800000 - (1 << 32))).view(torch.float32)
     return float(scale)
@@ -128,7 +128,7 @@ def _quantize_into(q: Any, x: torch.Tensor, out: Any) -> None:
             refuse("Float8CurrentScalingQuantizer amax reduction across ranks")
         # nvte_compute_scale_from_amax passes fp32's max for an infinite scale, whatever the input dtype.
         scale = torch.tensor(compute_scale_from_amax(float(amax), fp8.FP8_MAX[dtype], q.force_pow_2_scales,
-                                                     q.amax_epsilon), dtype=torch.float32)
+                                                     q.amax_epsilon), dtype=torch.float32, device=device.EMULATED)
     out._scale_inv.copy_(torch.reciprocal(scale).reshape(out._scale_inv.shape))
     _cast_into(out, x, scale, dtype)
 
@@ -178,7 +178,7 @@ def dequantize(input: Any, otype: Any) -> torch.Tensor:
 def bgrad_quantize(grad_output: torch.Tensor, quantizer: Any) -> list[Any]:
     """tex.bgrad_quantize: [bias gradient (sum over rows, in grad_output's dtype), quantized grad_output]."""
     g = grad_output.contiguous()
-    grad_bias = g.reshape(-1, g.shape[-1]).sum(0) if g.numel() else torch.zeros(g.shape[-1], dtype=g.dtype)
+    grad_bias = g.reshape(-1, g.shape[-1]).sum(0) if g.numel() else torch.zeros(g.shape[-1], dtype=g.dtype, device=g.device)
     if quantizer is None:
         return [grad_bias.to(g.dtype), g]
     return [grad_bias.to(g.dtype), quantize(g, quantizer)]
@@ -191,8 +191,8 @@ def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer: torch.Ten
     arrived), pick the amax (max of the rolled window or the most recent), scale = scaled_max / amax."""
     if amax_compute_algo not in ("max", "most_recent"):
         raise RuntimeError(f"Unsupported amax compute algorithm ({amax_compute_algo})")
-    scaled_max = torch.tensor(fp8.FP8_MAX[fp8_torch_dtype(fp8_dtype)], dtype=torch.float32) \
-        * torch.tensor(math.pow(2.0, -margin), dtype=torch.float32)
+    scaled_max = torch.tensor(fp8.FP8_MAX[fp8_torch_dtype(fp8_dtype)], dtype=torch.float32, device=device.EMULATED) \
+        * torch.tensor(math.pow(2.0, -margin), dtype=torch.float32, device=device.EMULATED)
     offset = 0
     for history, scale in zip(amax_histories, scales):
         for slot in range(history.shape[1]):
@@ -203,13 +203,13 @@ def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer: torch.Ten
 
 def _update_slot(history: torch.Tensor, scale: torch.Tensor, slot: int, reduced: torch.Tensor, index: int,
                  algo: str, scaled_max: torch.Tensor) -> None:
-    new = reduced.reshape(-1)[index] if reduced is not None and reduced.numel() > index else torch.tensor(0.0)
+    new = reduced.reshape(-1)[index] if reduced is not None and reduced.numel() > index else torch.tensor(0.0, device=device.EMULATED)
     last = new if new != 0 else history[0].clone()
-    amax = torch.tensor(0.0)
+    amax = torch.tensor(0.0, device=device.EMULATED)
     if last != 0:
         window = torch.cat([history[1:], last.reshape(1)])
         amax = window.nan_to_num(nan=0.0, posinf=float("inf")).max()  # fmaxf skips NaN
-        history.copy_(torch.cat([torch.zeros(1), window[1:]]))
+        history.copy_(torch.cat([torch.zeros(1, device=device.EMULATED), window[1:]]))
     if algo == "most_recent":
         amax = last
     if torch.isfinite(amax) and amax > 0:
@@ -217,5 +217,5 @@ def _update_slot(history: torch.Tensor, scale: torch.Tensor, slot: int, reduced:
     else:
         value = scale[slot].clone()
     if torch.isinf(value):
-        value = torch.tensor(FLOAT32_MAX)
+        value = torch.tensor(FLOAT32_MAX, device=device.EMULATED)
     scale[slot] = value

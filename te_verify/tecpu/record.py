@@ -11,6 +11,7 @@ or the activation it was made from (layer known by data flow: the layer whose fp
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -21,10 +22,22 @@ import torch
 from te_verify.tecpu.te_classes import shape_of
 
 TEX_MODULE = "transformer_engine_torch"
+# Argument names as TE 2.20's pybind.cpp declares them (py::arg), which TE's Python may pass by keyword.
 GEMM_ARGS = ("A", "transA", "B", "transB", "D", "quantizer", "output_dtype", "bias", "bias_type", "gelu",
              "gelu_in", "grad", "workspace", "workspace_size", "accumulate", "use_split_accumulator")
+# te_general_grouped_gemm has no py::arg names (positional only); these follow extensions.h's parameters
+# (a 17th, math_sm_count, is not read).
 GROUPED_ARGS = ("A", "transa", "B", "transb", "D", "D_type", "m_splits", "bias", "bias_type", "single_output",
                 "pre_gelu_out", "grad", "workspace", "workspaceSize", "accumulate", "use_split_accumulator")
+# GEMM paths this record does not split into per-GEMM events: TE 2.20's grouped-tensor path (taken by te.ops
+# GroupedLinear in bf16/fp16 or FP8 current scaling on sm90+ with cuBLASLt >= 13.4, and by GroupedLinear with
+# use_grouped_tensor=True: GEMMs over packed GroupedTensors and their group quantizers) and the userbuffers
+# comm+GEMM overlap. A call is
+# noted so the GEMM check fails naming it instead of under-counting. The emulation reports cuBLASLt 13.0 and has
+# no userbuffers, so it never takes these paths (its strict shim would raise if it did).
+UNMEASURED = ("te_general_grouped_gemm_for_grouped_tensor", "te_general_grouped_gemm_for_discrete_in",
+              "te_general_grouped_gemm_for_discrete_out", "group_quantize", "bgrad_group_quantize",
+              "group_requantize_inplace", "bulk_overlap_ag_with_external_gemm")
 # TE's Python asks for each role in its own layout (y = x W^T, dx = dy W, dW = dy^T x); the `grad` flag only
 # selects epilogues and callers differ on it (te.ops passes grad=False to its dgrad/wgrad grouped GEMMs).
 ROLES_BY_LAYOUT = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
@@ -81,6 +94,8 @@ class TexRecord:
     provenance: dict[RootKey, RootKey] = field(default_factory=dict)
     # Buffer key of a quantized copy -> bytes it holds (data, transpose and scale_inv).
     copy_bytes: dict[RootKey, int] = field(default_factory=dict)
+    # tex entry points called that the record does not measure (UNMEASURED), in call order.
+    unmeasured: list[str] = field(default_factory=list)
 
 
 def _buffers(q: Any) -> list[torch.Tensor]:
@@ -130,7 +145,8 @@ class TexRecorder:
             return self
         for name, wrap in (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
                            ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
-                           ("split_quantize", self._wrap_split_quantize)):
+                           ("split_quantize", self._wrap_split_quantize),
+                           *((name, functools.partial(self._wrap_unmeasured, name)) for name in UNMEASURED)):
             original = getattr(tex, name, None)
             if original is not None:
                 self._saved.append((name, original))
@@ -191,12 +207,18 @@ class TexRecorder:
         return split_quantize
 
     def _wrap_bgrad_quantize(self, original: Callable) -> Callable:
-        def bgrad_quantize(grad_output, quantizer):
-            grad_bias, out = original(grad_output, quantizer)
+        def bgrad_quantize(input, quantizer):  # noqa: A002 -- pybind's argument name
+            grad_bias, out = original(input, quantizer)
             if _buffers(out):
-                self.note_copy(grad_output, out)
+                self.note_copy(input, out)
             return [grad_bias, out]
         return bgrad_quantize
+
+    def _wrap_unmeasured(self, name: str, original: Callable) -> Callable:
+        def unmeasured(*args: Any, **kwargs: Any):
+            self.record.unmeasured.append(name)
+            return original(*args, **kwargs)
+        return unmeasured
 
 
 def _dims2(shape: Any) -> tuple[int, int]:

@@ -1,0 +1,167 @@
+"""`te-verify report merge R1 R2 ... --out R`: shard reports (`--shard K/N` runs) put back together as one report.
+
+Each input is a report folder (or its results.json). The rows are concatenated; a case (nodeid) present in two
+inputs is an error naming it and both inputs, as are inputs of different tiers or shard counts. The merged
+header keeps the first input's versions and lists every input (run id, shard, device). A K/N split with shards
+absent is merged anyway, the missing shards named and the exit status 1. summary.md, report.html and the repro
+scripts are rendered from the merged rows; junit.xml joins the inputs' test cases in one suite when every
+input has one. Exit 0: merged; 1: shards missing; 2: bad input (one line naming it).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from te_verify.report.results import ResultsError, load_results, write_atomic
+from te_verify.report.writer import write_report
+
+JUNIT_COUNTS = ("tests", "errors", "failures", "skipped")
+
+
+class MergeError(ValueError):
+    """Inputs that cannot be merged; the message is one line naming the culprit."""
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """One input: where it came from and its results."""
+
+    # The folder holding results.json (and junit.xml when the run wrote one).
+    folder: Path
+    # The parsed results.json.
+    results: dict
+
+
+def load_report(path: Path) -> ShardReport:
+    """A report folder or its results.json; MergeError when it is not a te_verify report."""
+    results_path = path / "results.json" if path.is_dir() else path
+    try:
+        return ShardReport(results_path.parent, load_results(results_path))
+    except ResultsError as exc:
+        raise MergeError(str(exc).splitlines()[0]) from None
+
+
+def _check_compatible(reports: list[ShardReport]) -> None:
+    """One tier, each shard once, one K/N split."""
+    first, tier = reports[0], reports[0].results["header"].get("tier")
+    for report in reports[1:]:
+        if report.results["header"].get("tier") != tier:
+            raise MergeError(f"{report.folder}: tier {report.results['header'].get('tier')!r} differs from "
+                             f"{first.folder}'s {tier!r}")
+    seen: dict[str, Path] = {}
+    for report in reports:
+        shard = report.results["header"].get("shard")
+        if shard is not None and shard in seen:
+            raise MergeError(f"shard {shard} is in both {seen[shard]} and {report.folder}")
+        if shard is not None:
+            seen[shard] = report.folder
+    if len({shard.split("/")[1] for shard in seen}) > 1:
+        raise MergeError(f"shards of different splits: {', '.join(sorted(seen))}")
+
+
+def merged_rows(reports: list[ShardReport]) -> list[dict]:
+    """Every input's rows; a nodeid in two inputs is refused naming it."""
+    owner: dict[str, Path] = {}
+    rows = []
+    for report in reports:
+        for row in report.results["rows"]:
+            if "nodeid" not in row:
+                raise MergeError(f"{report.folder}: a row without a nodeid: {str(row)[:120]}")
+            if row["nodeid"] in owner:
+                raise MergeError(f"case {row['nodeid']} is in both {owner[row['nodeid']]} and {report.folder}")
+            owner[row["nodeid"]] = report.folder
+            rows.append(row)
+    return rows
+
+
+def missing_shards(reports: list[ShardReport]) -> list[str]:
+    """The K/N labels of a split that no input holds."""
+    shards = [r.results["header"].get("shard") for r in reports if r.results["header"].get("shard")]
+    if not shards:
+        return []
+    total = int(shards[0].split("/")[1])
+    return [f"{k}/{total}" for k in range(1, total + 1) if f"{k}/{total}" not in shards]
+
+
+def merged_header(reports: list[ShardReport]) -> dict:
+    headers = [r.results["header"] for r in reports]
+    header = dict(headers[0])
+    header.update(
+        run_id="+".join(str(h.get("run_id")) for h in headers),
+        started=min(str(h.get("started", "")) for h in headers),
+        finished=max(str(h.get("finished", "")) for h in headers),
+        shard=None,
+        shards=sorted(h["shard"] for h in headers if h.get("shard")),
+        merged_from=[{"source": str(r.folder), "run_id": h.get("run_id"), "shard": h.get("shard"),
+                      "device": h.get("device")} for r, h in zip(reports, headers)],
+        devices=sorted({d for h in headers for d in h.get("devices") or []}),
+        compat=sorted({step for h in headers for step in h.get("compat") or []}),
+        backends={k: v for h in headers for k, v in (h.get("backends") or {}).items()},
+        backend_paths={k: v for h in headers for k, v in (h.get("backend_paths") or {}).items()},
+    )
+    return header
+
+
+def merge_junit(reports: list[ShardReport], out: Path) -> bool:
+    """One junit.xml with every input's test cases in one suite; False (nothing written) when an input has none."""
+    sources = [r.folder / "junit.xml" for r in reports]
+    if not all(p.is_file() for p in sources):
+        return False
+    suite = ET.Element("testsuite", name="pytest")
+    totals = dict.fromkeys(JUNIT_COUNTS, 0)
+    elapsed = 0.0
+    for path in sources:
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError as exc:
+            raise MergeError(f"{path}: not JUnit XML: {exc}") from None
+        for part in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+            for key in JUNIT_COUNTS:
+                totals[key] += int(part.get(key, 0))
+            elapsed += float(part.get("time", 0.0))
+            suite.extend(part.findall("testcase"))
+    suite.attrib.update({k: str(v) for k, v in totals.items()}, time=f"{elapsed:.3f}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    write_atomic(out / "junit.xml", ET.tostring(root, encoding="unicode"))
+    return True
+
+
+def merge(paths: list[Path], out: Path) -> list[str]:
+    """Write the merged report to `out`; the shards missing from a K/N split (empty when complete)."""
+    reports = [load_report(p) for p in paths]
+    _check_compatible(reports)
+    rows = merged_rows(reports)
+    header = merged_header(reports)
+    write_report(out, {"schema_version": 1, "header": header, "rows": rows}, header["backend_paths"])
+    if not merge_junit(reports, out):
+        print("te-verify report merge: junit.xml not merged: an input has none", file=sys.stderr)
+    return missing_shards(reports)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="te-verify report merge", description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="shard report folders (or their results.json)")
+    parser.add_argument("--out", type=Path, required=True, help="folder of the merged report")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        missing = merge(args.reports, args.out)
+    except MergeError as exc:
+        print(f"te-verify report merge: {exc}", file=sys.stderr)
+        return 2
+    print(f"te-verify report merge: {len(args.reports)} reports -> {args.out / 'results.json'}")
+    if missing:
+        print(f"te-verify report merge: shard(s) {', '.join(missing)} missing; their cases are absent", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
