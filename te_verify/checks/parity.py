@@ -41,7 +41,10 @@ def compare_tensor(what: str, ref: torch.Tensor, got: torch.Tensor, tol: Toleran
 def _first_mismatch(close: torch.Tensor, ref: torch.Tensor, got: torch.Tensor) -> str:
     """How many elements differ, and the first one: its index and both values."""
     flat = int(torch.argmin(close.flatten().int()))
-    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), close.shape)]
+    index, rest = [], flat
+    for size in reversed(close.shape):
+        rest, i = divmod(rest, size)
+        index.insert(0, i)
     return (f"{int((~close).sum())} of {close.numel()} elements; first at {index}: "
             f"{got.flatten()[flat].item():.6g} vs {ref.flatten()[flat].item():.6g}")
 
