@@ -51,17 +51,22 @@ def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: 
     inputs.x.grad = None
 
 
-def _set_phase(probes: list[Probe], name: str, index: int = 0) -> None:
+def set_phase(probes: list[Probe], name: str, index: int = 0) -> None:
     for probe in probes:
         probe.phase(name, index)
+
+
+def bind_probes(probes: list[Probe], model: torch.nn.Module) -> list[Probe]:
+    """Probes that attribute work to layers learn the model's parameters (`bind`); returns `probes`."""
+    for probe in probes:
+        getattr(probe, "bind", lambda m: None)(model)
+    return probes
 
 
 def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
                  probes: Iterable[Probe] = ()) -> Record:
     """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
-    probes = list(probes)
-    for probe in probes:  # probes that attribute work to layers learn the model's parameters
-        getattr(probe, "bind", lambda m: None)(model)
+    probes = bind_probes(list(probes), model)
     stage = 0
     try:
         warm_up(fn, model, inputs, spec.warmup_steps, record)
@@ -72,16 +77,16 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
         for probe in probes:
             stack.enter_context(probe)
         try:
-            _set_phase(probes, "forward")
+            set_phase(probes, "forward")
             out = fn(inputs.x)
-            _set_phase(probes, "idle")  # the harness's own copies are not the run's work or memory
+            set_phase(probes, "idle")  # the harness's own copies are not the run's work or memory
             record.output = out.detach().clone()
             record.outputs.append(record.output)
             for k in range(1, spec.replays + 1):
                 stage = k
-                _set_phase(probes, "backward", k)
+                set_phase(probes, "backward", k)
                 out.backward(inputs.grad_output, retain_graph=k < spec.replays)
-                _set_phase(probes, "idle")
+                set_phase(probes, "idle")
                 record.grads.append(snapshot_grads(model, inputs.x))
         except Exception as exc:  # a raise is an observation the replay check compares with eager's
             record.error, record.error_pass = exc, stage

@@ -10,8 +10,9 @@ import pytest
 
 from te_verify.distributed.pool import RankFailure, RankPool, process_gone
 from te_verify.distributed.verify import verify_dist
-from te_verify.distributed.wrappers import Wrapped, wrap_ddp, wrap_fsdp2
 from te_verify.matrix_dist import MIDDLE, _spec
+from planted_wrappers import (ddp_extra_gemm, ddp_skipping_first_weight, ddp_wrong_output,
+                              ddp_writing_frozen_weight, defer_reshard_fsdp2)
 
 HANG_TIMEOUT_S = 3.0
 
@@ -35,39 +36,6 @@ def kill_rank_1(rank: int, world_size: int, payload) -> str:
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return "done"
-
-
-def defer_reshard_fsdp2(model, spec) -> Wrapped:
-    """Planted fault: FSDP2 whose reshards during backward all run in a callback at the end of backward."""
-    import torch
-
-    wrapped = wrap_fsdp2(model, spec)
-    pending = []
-
-    def run_pending() -> None:
-        while pending:
-            pending.pop(0)()
-
-    for layer in wrapped.layers:
-        group = layer._get_fsdp_state()._fsdp_param_group
-
-        def deferred(real=group.reshard) -> None:
-            if torch._C._current_graph_task_id() == -1:  # not in backward: reshard as usual
-                return real()
-            if not pending:
-                torch.autograd.Variable._execution_engine.queue_callback(run_pending)
-            pending.append(real)
-
-        group.reshard = deferred  # instance attribute: only this wrapper's groups are affected
-    return wrapped
-
-
-def ddp_skipping_first_weight(model, spec) -> Wrapped:
-    """Planted fault: DDP that never all-reduces 0.weight's gradient."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    DDP._set_params_and_buffers_to_ignore_for_model(model, ["0.weight"])
-    return wrap_ddp(model, spec)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +101,37 @@ def test_planted_skipped_allreduce_is_caught_by_parity(pool):
     assert not verdicts["dist_grad_parity"].ok
     assert "grad of 0.weight" in verdicts["dist_grad_parity"].message
     assert "grad of 1." not in verdicts["dist_grad_parity"].message
+
+
+def test_planted_wrong_output_is_caught_by_output_parity_only(pool):
+    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
+    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_wrong_output)}
+    assert verdicts["dist_grad_parity"].ok and verdicts["dist_state_left_behind"].ok
+    message = verdicts["dist_output_parity"].message
+    assert "backend ddp rank 0: forward output: max abs err" in message and "ddp rank 1" in message
+
+
+def test_planted_write_into_a_frozen_weight_is_caught_by_state_left_behind(pool):
+    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
+    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_writing_frozen_weight)}
+    assert verdicts["dist_grad_parity"].ok and verdicts["dist_output_parity"].ok
+    message = verdicts["dist_state_left_behind"].message
+    assert "param:1.weight after the run: max abs err" in message and "rtol=0, atol=0" in message
+    assert "param:0.weight" not in message
+
+
+def test_planted_extra_gemm_is_caught_by_the_ranks_flops(pool):
+    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
+    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_extra_gemm)}
+    message = verdicts["dist_waste_flops"].message
+    assert "[ddp rank 0, its shard (4,)]: FLOPs" in message and "[ddp rank 1" in message
+    assert "forward: layer 0 (trainable weight): 2 fprop GEMM, 1 required" in message
+
+
+def test_clean_ddp_passes_every_rank_check_with_figures(pool):
+    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
+    figures = {}
+    verdicts = {v.check: v for v in verify_dist(spec, pool, figures)}
+    assert all(v.ok for v in verdicts.values()), [v.message for v in verdicts.values() if not v.ok]
+    assert {"dist_output_parity", "dist_state_left_behind", "dist_waste_flops", "dist_waste_saved"} <= set(verdicts)
+    assert verdicts["dist_waste_flops"].figures["flops_ratio"] == 1.0 and figures["peak_bytes"] > 0

@@ -1,5 +1,6 @@
 """The torchrun entry across two nodes (two torchrun launchers on this machine, gloo on the CPU, as the README's
-two-node command): rank 0 alone writes the report; a case failing on several ranks names each of them."""
+two-node command): rank 0 alone writes the report; a case failing on several ranks names each of them. On one
+node: a planted failing wrapper makes it exit non-zero; expectations apply as in the plugin."""
 from __future__ import annotations
 
 import json
@@ -59,3 +60,47 @@ def test_a_case_failing_on_several_ranks_names_each_rank():
 def test_a_case_of_another_world_size_is_a_skipped_row_with_the_reason():
     skipped = skipped_row(ddp_specs("smoke")[0], 4)
     assert skipped["outcome"] == "skipped" and skipped["reason"] == "world size 2: this torchrun world has 4 ranks"
+
+
+def run_one_node(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The entry on one node, two CPU ranks, the smoke tier's DDP family; its rows."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+            "--master-port", str(free_port()), "-m", "te_verify.distributed", "--tier", "smoke", "--family", "dist_ddp",
+            "--device", "cpu", "--report-dir", str(tmp_path / "report"), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    results = tmp_path / "report" / "results.json"
+    return proc, json.loads(results.read_text())["rows"] if results.exists() else []
+
+
+def test_a_planted_failing_case_exits_non_zero(tmp_path):
+    proc, rows = run_one_node(tmp_path, "--wrap", "planted_wrappers:ddp_skipping_first_weight")
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert rows and {r["outcome"] for r in rows} == {"failed"}
+    assert all("grad of 0.weight" in r["reason"] for r in rows)
+
+
+def test_expectations_apply_as_in_the_plugin(tmp_path):
+    """The same planted failure recorded as a known gap exits 0 (xfailed); recorded with another failure text
+    it stays failed; a gap recorded for a passing case fails as an unexpected pass."""
+    case = ddp_specs("smoke")[0].id
+    folder = tmp_path / "expectations"
+    folder.mkdir()
+    entry = f'[[xfail]]\nprefix = "{case}"\nreason = "planted"\nlink = "https://example.org/planted"\n'
+    (folder / "ddp.toml").write_text(entry + 'failure = "grad of 0.weight"\n')
+    planted = ("--wrap", "planted_wrappers:ddp_skipping_first_weight", "--expectations", str(folder))
+    proc, rows = run_one_node(tmp_path / "known", *planted)
+    assert proc.returncode == 0 and [r["outcome"] for r in rows] == ["xfailed"], proc.stdout[-3000:]
+    assert "grad of 0.weight" in rows[0]["observed"]
+    (folder / "ddp.toml").write_text(entry + 'failure = "some other gap"\n')
+    proc, rows = run_one_node(tmp_path / "other", *planted)
+    assert proc.returncode == 1 and rows[0]["outcome"] == "failed" and "FAILED DIFFERENTLY" in rows[0]["reason"]
+    proc, rows = run_one_node(tmp_path / "clean", "--expectations", str(folder))
+    assert proc.returncode == 1 and rows[0]["outcome"] == "xpassed" and "UNEXPECTED PASS" in rows[0]["reason"]
+
+
+def test_bad_wrap_or_expectations_is_a_one_line_error(tmp_path):
+    proc, _ = run_one_node(tmp_path, "--wrap", "no_such_module:wrap")
+    assert proc.returncode != 0 and "--wrap 'no_such_module:wrap': cannot load it" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("--wrap")[0][-200:]

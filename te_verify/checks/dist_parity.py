@@ -1,12 +1,15 @@
-"""Distributed gradient parity: every rank's (gathered) gradients equal single-process eager on the global batch.
+"""Distributed parity: every rank's (gathered) gradients, forward output and parameters after the run equal
+single-process eager's on the global batch.
 
 A gradient that is None where eager has one fails (a run that leaves every gradient None never passes), and
-so does a gradient where eager has None (a frozen parameter must end without one).
+so does a gradient where eager has None (a frozen parameter must end without one). Outputs and parameters are
+compared rank by rank with the single-process checks (checks.state).
 """
 from __future__ import annotations
 
 from te_verify.checks.parity import grad_mismatches, worst_errors
 from te_verify.checks.presence import presence_problems
+from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
@@ -31,3 +34,24 @@ def dist_grad_parity(case_id: str, backend: str, ref: Record, ranks: list[Record
         return Verdict("dist_grad_parity", True, figures=figures)
     return Verdict("dist_grad_parity", False, f"{head}: gradients differ from eager on the global batch: "
                    + "; ".join(problems), figures)
+
+
+def _per_rank(name: str, check, case_id: str, backend: str, ref: Record, ranks: list[Record], tol: Tolerance
+              ) -> Verdict:
+    """`check(case_id, label, ref, got, tol)` on every rank that completed, as one verdict naming failing ranks
+    (a rank that did not complete is dist_grad_parity's to report)."""
+    verdicts = [(rank, check(case_id, f"{backend} rank {rank}", ref, got, tol))
+                for rank, got in enumerate(ranks) if got.error is None and got.grads]
+    figures = {k: v for _, verdict in verdicts for k, v in verdict.figures.items()}
+    problems = [verdict.message for _, verdict in verdicts if not verdict.ok]
+    return Verdict(name, not problems, "\n".join(problems), figures)
+
+
+def dist_output_parity(case_id: str, backend: str, ref: Record, ranks: list[Record], tol: Tolerance) -> Verdict:
+    """Each rank's gathered forward output equals eager's on the global batch."""
+    return _per_rank("dist_output_parity", output_parity, case_id, backend, ref, ranks, tol)
+
+
+def dist_state_left_behind(case_id: str, backend: str, ref: Record, ranks: list[Record], tol: Tolerance) -> Verdict:
+    """Each rank's full parameters after the run equal eager's (bitwise: no step runs, so nothing may change)."""
+    return _per_rank("dist_state_left_behind", state_left_behind, case_id, backend, ref, ranks, tol)

@@ -1,28 +1,40 @@
-"""torchrun entry: `torchrun --nproc-per-node N -m te_verify.distributed [--tier pr] [--report-dir DIR] [--device D]`.
+"""torchrun entry: `torchrun --nproc-per-node N -m te_verify.distributed [--tier pr] [--report-dir DIR] [--device D]
+[--expectations DIR] [--wrap pkg.module:function]`.
 
 Runs the same in-rank case runner inside the ranks torchrun made, on one node or several: each rank on GPU
 LOCAL_RANK of its node (nccl) or on the CPU (gloo). Rank 0 gathers every rank's outcome, applies the
-distributed checks and alone writes the report (results.json rows, schema_version 1); a case that failed on
-some ranks names each of them with its error. Cases of another world size are rows skipped with the reason.
+distributed checks and the expectations (as the pytest plugin does: a known gap is xfailed, a gap failing
+otherwise or passing fails, a skip entry is not run) and alone writes the report (results.json rows,
+schema_version 1); a case that failed on some ranks names each of them with its error. Cases of another world
+size are rows skipped with the reason. Every rank exits 1 when a case failed unexpectedly (or passed where a gap
+is recorded), 2 on bad arguments, else 0.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch.distributed as dist
 
 from te_verify import device as run_device
+from te_verify import environment
 from te_verify.distributed.case_runner import DistCase, run_dist_case
+from te_verify.distributed.wrappers import WrapperError
+from te_verify.expectations import (ExpectationsError, failure_mismatch, load_expectations, mark_reason, match,
+                                    xpass_message)
 from te_verify.distributed.pool import PoolResult, backend_for
-from te_verify.distributed.verify import dist_verdicts
+from te_verify.distributed.verify import dist_verdicts, rank_peaks
 from te_verify.matrix_dist import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -32,19 +44,37 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--family", action="append", default=[], choices=sorted(FAMILIES))
     parser.add_argument("--device", default=None, help="cpu (gloo) or cuda (nccl, GPU LOCAL_RANK per rank); "
                                                       "default: cuda when available")
+    parser.add_argument("--expectations", default=str(ROOT / "expectations"), help="known gaps (default: the suite's)")
+    parser.add_argument("--wrap", default=None, help="package.module:function replacing te_verify's wrappers "
+                                                    "(certify your own; (model, spec) -> Wrapped)")
     return parser.parse_args(argv)
 
 
-def run_one(spec, rank: int, world: int) -> tuple[object, str | None, float]:
+def load_wrap(path: str | None) -> Callable | None:
+    """The --wrap function, or None; a bad path raises WrapperError naming it."""
+    if path is None:
+        return None
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise WrapperError(f"--wrap {path!r}: cannot load it: {type(exc).__name__}: {exc}") from None
+
+
+def run_one(spec, rank: int, world: int, wrap: Callable | None) -> tuple[object, str | None, float]:
     began = time.perf_counter()
     try:
-        return run_dist_case(rank, world, DistCase(spec)), None, time.perf_counter() - began
+        return run_dist_case(rank, world, DistCase(spec, wrap)), None, time.perf_counter() - began
     except Exception:  # a rank's failure becomes its case's verdict, as in the pool
         return None, traceback.format_exc(), time.perf_counter() - began
 
 
+def _nodeid(spec) -> str:
+    return f"torchrun::{spec.dist.wrapper}-{spec.id}"
+
+
 def _row(spec, outcome: str, reason: str, duration: float, figures: dict) -> dict:
-    return {"nodeid": f"torchrun::{spec.dist.wrapper}-{spec.id}", "case_id": spec.id, "family": spec.family,
+    return {"nodeid": _nodeid(spec), "case_id": spec.id, "family": spec.family,
             "backend": spec.dist.wrapper, "outcome": outcome, "reason": reason, "duration": duration,
             "figures": figures, "spec": spec.to_dict(), "expectation": None, "worker": "torchrun",
             "device": str(run_device.active())}
@@ -53,13 +83,16 @@ def _row(spec, outcome: str, reason: str, duration: float, figures: dict) -> dic
 def row(spec, result: PoolResult, duration: float) -> dict:
     """The case's row from every rank's outcome; a failure names each rank that failed and how."""
     verdicts = dist_verdicts(spec, result)
-    figures = {k: v for verdict in verdicts for k, v in verdict.figures.items()}
+    figures = {**rank_peaks(result), **{k: v for verdict in verdicts for k, v in verdict.figures.items()}}
     failed = [v.message for v in verdicts if not v.ok]
     return _row(spec, "failed" if failed else "passed", "\n".join(failed), duration, figures)
 
 
-def skipped_row(spec, world: int) -> dict:
-    return _row(spec, "skipped", f"world size {spec.dist.world_size}: this torchrun world has {world} ranks", 0.0, {})
+def skipped_row(spec, world: int, entry=None) -> dict:
+    """A case not run: of another world size, or a skip entry's."""
+    if spec.dist.world_size != world:
+        return _row(spec, "skipped", f"world size {spec.dist.world_size}: this torchrun world has {world} ranks", 0.0, {})
+    return {**_row(spec, "skipped", mark_reason(entry), 0.0, {}), "expectation": entry.to_row()}
 
 
 def start(choice: str | None) -> tuple[int, int]:
@@ -69,9 +102,9 @@ def start(choice: str | None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def gather_case(spec, rank: int, world: int) -> dict | None:
+def gather_case(spec, rank: int, world: int, wrap: Callable | None = None) -> dict | None:
     """Run `spec` on every rank; rank 0 gets its row, the others None."""
-    outcome, error, duration = run_one(spec, rank, world)
+    outcome, error, duration = run_one(spec, rank, world, wrap)
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((outcome, error), gathered, dst=0)
     if rank != 0:
@@ -83,33 +116,59 @@ def gather_case(spec, rank: int, world: int) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
+        expectations, wrap = load_expectations(Path(args.expectations)), load_wrap(args.wrap)
         rank, world = start(args.device)
-    except run_device.DeviceError as exc:
+    except (run_device.DeviceError, ExpectationsError, WrapperError) as exc:
         print(f"te_verify.distributed: {exc}", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.timezone.utc).isoformat()
     places = [None] * world
     dist.all_gather_object(places, f"{socket.gethostname()}/{run_device.active()}")
+    env = {"te_version": None, "device": environment.device()}  # the distributed lane runs no TE
     rows = []
     for family in args.family or sorted(FAMILIES):
         for spec in FAMILIES[family](args.tier):
-            if spec.dist.world_size != world:
-                rows.append(skipped_row(spec, world))
+            entry = match(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
+            if spec.dist.world_size != world or (entry is not None and entry.status == "skip"):
+                rows.append(skipped_row(spec, world, entry))
                 continue
-            case_row = gather_case(spec, rank, world)
+            case_row = gather_case(spec, rank, world, wrap)
             if case_row is not None:
-                rows.append(case_row)
+                rows.append(apply_expectation(case_row, entry))
+    code = [exit_code(rows)]
     if rank == 0:
         write(args, rows, started, places)
-    return 0
+    dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
+    dist.barrier()
+    dist.destroy_process_group()  # an orderly teardown: a rank exiting while its peer still talks aborts it
+    return code[0]
+
+
+def apply_expectation(row: dict, entry) -> dict:
+    """The row as the plugin would report it under `entry`: a known gap failing as described is xfailed; one
+    failing otherwise stays failed (FAILED DIFFERENTLY); a case passing where a gap is recorded is xpassed."""
+    if entry is None:
+        return row
+    row = {**row, "expectation": entry.to_row()}
+    if row["outcome"] == "passed":
+        return {**row, "outcome": "xpassed", "reason": xpass_message(entry)}
+    mismatch = failure_mismatch(entry, row["reason"])
+    if mismatch is not None:
+        return {**row, "reason": mismatch}
+    return {**row, "outcome": "xfailed", "observed": row["reason"][:2000], "reason": mark_reason(entry)}
+
+
+def exit_code(rows: list[dict]) -> int:
+    """1 when a case failed unexpectedly or passed where a gap is recorded, else 0."""
+    return int(any(r["outcome"] in ("failed", "xpassed") for r in rows))
 
 
 def write(args: argparse.Namespace, rows: list[dict], started: str, places: list[str]) -> None:
-    from te_verify import compat, environment
+    from te_verify import compat
     from te_verify.report.writer import write_report
 
-    failed = sum(r["outcome"] == "failed" for r in rows)
-    print(f"te_verify.distributed: {len(rows)} cases, {failed} failed")
+    counts = {o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failed", "xfailed", "xpassed", "skipped")}
+    print(f"te_verify.distributed: {len(rows)} cases: " + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
     if not args.report_dir:
         return
     header = {"run_id": f"torchrun-{os.getpid()}", "started": started,

@@ -9,7 +9,8 @@ travels back as host copies.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -19,6 +20,10 @@ from torch import nn
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Wrapped, WrapperError, wrap
 from te_verify.models import build_model, make_inputs, set_frozen, unfreeze_all
+from te_verify.probes.flops import GemmProbe
+from te_verify.probes.memory import PeakMemoryProbe
+from te_verify.probes.saved import SavedTensorsProbe
+from te_verify.runner import set_phase
 from te_verify.spec import CaseSpec
 
 
@@ -46,6 +51,13 @@ class RankOutcome:
     collectives: list[tuple[str, int, str]]
     # (event, boundary, gathered bytes per layer) in backward order; empty when not observable.
     timeline: list[tuple[str, int, list[int]]]
+    # The forward output of the global batch, gathered from every rank's shard.
+    output: torch.Tensor | None = None
+    # Full parameter values after the run, by "<layer>.<weight|bias>" (what the run left in the model).
+    params: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    # This rank's waste probes (GEMMs, saved tensors, peak memory) over its shard: figures and observations.
+    figures: dict = field(default_factory=dict)
+    observations: dict = field(default_factory=dict)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
@@ -94,8 +106,12 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     counter = CollectiveCounter()
     timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
     observe = wrapped.gathered_bytes is not None
-    with counter.patched():
+    probes = rank_probes(wrapped, spec)
+    with counter.patched(), contextlib.ExitStack() as probing:
+        for probe in probes:
+            probing.enter_context(probe)
         counter.phase = "forward"
+        set_phase(probes, "forward")
         boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
         out = wrapped.module(x)
         for handle in handles:
@@ -104,15 +120,29 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
             timeline.watch_boundaries(boundaries)
             timeline.mark("backward_start", len(wrapped.layers))
         counter.phase = "backward"
+        set_phase(probes, "backward", 1)
         out.backward(cotangent)
         if observe:
             timeline.mark("backward_end", -1)
+        set_phase(probes, "idle")
     input_grad = None if x.grad is None else x.grad / wrapped.grad_divisor
-    gathered = gather_batch(input_grad)
+    gathered, output = gather_batch(input_grad), gather_batch(out.detach())
     return RankOutcome(
         rank=rank,
         grads=to_host(wrapped.full_grads()),
         input_grad=None if gathered is None else gathered.cpu(),
         collectives=counter.calls,
         timeline=timeline.events,
+        output=output.cpu(),
+        params=to_host(wrapped.full_params()),
+        figures={k: v for probe in probes for k, v in probe.figures().items()},
+        observations={k: v for probe in probes for k, v in probe.observations().items()},
     )
+
+
+def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:
+    """The waste probes of the single-process lanes, bound to the wrapped layers (their weights name the layers;
+    a sharded wrapper's unsharded copies are matched to them, see probes.dispatch)."""
+    gemms = GemmProbe()
+    gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
+    return [gemms, SavedTensorsProbe(), PeakMemoryProbe()]

@@ -80,16 +80,18 @@ def _full_from_shards(p: torch.Tensor, shard_grad: torch.Tensor) -> torch.Tensor
     return torch.cat([t.reshape(-1) for t in parts])[: p._orig_size.numel()]
 
 
-def _unit_grads(index: int, unit, layer: nn.Module, out: dict) -> None:
-    """Full gradients of one per-layer unit, split back into the layer's weight and bias."""
+def _unit_tensors(index: int, unit, layer: nn.Module, out: dict, of) -> None:
+    """Full values of `of(shard parameter)` (its gradient, or itself) of one per-layer unit, split back into the
+    layer's weight and bias."""
     names = [n for n, _ in layer.named_parameters(recurse=False)]
     for p in unit.params:
         infos = getattr(p, "_param_infos", None)
         members = [n for _, _, n in infos] if infos else [n for n in names if getattr(layer, n) is p]
-        if p.grad is None:
+        shard = of(p)
+        if shard is None:
             out.update({f"{index}.{n}": None for n in members})
             continue
-        full = _full_from_shards(p, p.grad.detach())
+        full = _full_from_shards(p, shard.detach())
         shapes = p._param_shapes if infos else [p._orig_size]
         offset = 0
         for n, shape in zip(members, shapes):
@@ -111,13 +113,15 @@ def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
     units = [FSDP(layer, **kwargs) for layer in layers]
     root = FSDP(nn.Sequential(*units), **kwargs)
 
-    def full_grads() -> dict:
+    def full_tensors(of) -> dict:
         out: dict = {}
         for i, (unit, layer) in enumerate(zip(units, layers)):
-            _unit_grads(i, unit, layer, out)
+            _unit_tensors(i, unit, layer, out, of)
         return out
 
     def gathered() -> list[int]:
         return [sum(storage_bytes(getattr(p, "_full_param_padded", None)) for p in unit.params) for unit in units]
 
-    return Wrapped(root, layers, full_grads, gathered, dist.get_world_size(), keep=units)
+    # After backward every unit holds its shard in p.data (the full parameter is freed).
+    return Wrapped(root, layers, lambda: full_tensors(lambda p: p.grad), lambda: full_tensors(lambda p: p.data),
+                   gathered, dist.get_world_size(), keep=units)

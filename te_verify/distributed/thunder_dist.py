@@ -42,14 +42,16 @@ def wrap_thunder_dist(model: nn.Sequential, spec: CaseSpec, opts: dict):
         raise WrapperError(f"dist.options {sorted(unknown)}: not {spec.dist.wrapper} options")
     sharded = spec.dist.wrapper == "thunder_fsdp"
 
-    def full_grads() -> dict:
+    def full_tensors(of) -> dict:
+        """`of(parameter)` (its gradient, or itself) by name, gathered along dim 0 where thunder's fsdp shards."""
         out = {}
         for name, p in wrapped.named_parameters():
             key = name.removeprefix("_model.")
-            grad = p.grad
-            if grad is not None and sharded:
-                grad = _gather_dim0(grad.detach(), shapes[key][0])
-            out[key] = None if grad is None else grad.detach().clone()
+            t = of(p)
+            if t is not None and sharded:
+                t = _gather_dim0(t.detach(), shapes[key][0])
+            out[key] = None if t is None else t.detach().clone()
         return out
 
-    return Wrapped(wrapped, layers, full_grads, None, dist.get_world_size(), keep=[jitted])
+    return Wrapped(wrapped, layers, lambda: full_tensors(lambda p: p.grad), lambda: full_tensors(lambda p: p),
+                   None, dist.get_world_size(), keep=[jitted])

@@ -5,16 +5,17 @@ from typing import Callable
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, gradient_volume
-from te_verify.checks.dist_parity import dist_grad_parity
+from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict
+from te_verify.checks.waste import flops_verdict, saved_verdict
 from te_verify.compat import record
 from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
 from te_verify.distributed.pool import PoolResult, RankPool
 from te_verify.models import build_model
-from te_verify.oracle import input_needs_grad, trainable_masks
+from te_verify.oracle import BYTES_PER_ELEMENT, input_needs_grad, trainable_masks
 from te_verify.record import INPUT_GRAD, Record
 from te_verify.runner import run_case
 from te_verify.spec import CaseSpec
@@ -56,18 +57,63 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
             record.error, record.error_pass = RuntimeError(result.errors[rank]), 0
         else:
             record.grads.append({**outcome.grads, INPUT_GRAD: outcome.input_grad})
+            record.outputs.append(outcome.output)
+            record.state_after = {f"param:{name}": value for name, value in outcome.params.items()}
+            record.figures, record.observations = outcome.figures, outcome.observations
         records.append(record)
     return records
 
 
+def local_spec(spec: CaseSpec) -> CaseSpec:
+    """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank)."""
+    return spec.replace(batch_shape=(spec.batch_shape[0] // spec.dist.world_size, *spec.batch_shape[1:]))
+
+
+def gathered_weight_allowance(spec: CaseSpec) -> int:
+    """Saved bytes a wrapper that keeps parameters gathered between forward and backward (ZeRO-2) may hold as
+    plain tensors: the weights whose dgrad backward needs. Nothing for one that reshards after forward."""
+    if reshards_after_forward(spec):
+        return 0
+    return sum(spec.widths[k] * spec.widths[k + 1] * BYTES_PER_ELEMENT[spec.dtype]
+               for k, needs in enumerate(input_needs_grad(spec)) if needs)
+
+
+def rank_waste(spec: CaseSpec, ranks: list[Record]) -> list[Verdict]:
+    """Each rank's GEMMs, FLOPs and saved bytes against the oracle of its shard (checks.waste)."""
+    backend, local = spec.dist.wrapper, local_spec(spec)
+    done = [(rank, record) for rank, record in enumerate(ranks) if record.error is None and record.grads]
+    label = lambda rank: f"{spec.id} [{backend} rank {rank}, its shard {local.batch_shape}]"
+    flops = [flops_verdict(local, record, backend, label(rank)) for rank, record in done]
+    saved = [saved_verdict(local, record, backend, label(rank), gathered_weight_allowance(spec))
+             for rank, record in done]
+    return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
+
+
+def merge_ranks(name: str, verdicts: list[Verdict]) -> Verdict:
+    """One verdict from the ranks' own: failing if any rank's failed; figures of the worst rank last."""
+    figures = {k: v for verdict in sorted(verdicts, key=lambda v: v.ok, reverse=True) for k, v in verdict.figures.items()}
+    return Verdict(name, all(v.ok for v in verdicts), "\n".join(v.message for v in verdicts if not v.ok), figures)
+
+
+def rank_peaks(result: PoolResult) -> dict:
+    """The highest rank's peak memory, forward+backward and backward (a figure: judged through gathered_peak,
+    see the README's audit)."""
+    done = [o for o in result.results if o is not None]
+    return {key: max(o.figures.get(key, 0) for o in done) for key in ("peak_bytes", "peak_backward_bytes")} if done else {}
+
+
 def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
-    """Parity for every rank; communication, reshard timing and peak from rank 0's observations."""
-    backend = spec.dist.wrapper
-    ref = run_case(spec, EagerBackend())
-    verdicts = [dist_grad_parity(spec.id, backend, ref, rank_records(backend, result), tolerance_for(spec, backend))]
+    """Parity of gradients, outputs and parameters left behind on every rank; every rank's GEMMs, FLOPs and
+    saved bytes against its shard's oracle; communication, reshard timing and gathered peak from rank 0's
+    observations."""
+    backend, tol = spec.dist.wrapper, tolerance_for(spec, spec.dist.wrapper)
+    ref, ranks = run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
+    verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol), dist_output_parity(spec.id, backend, ref, ranks, tol),
+                dist_state_left_behind(spec.id, backend, ref, ranks, tol)]
     outcome: RankOutcome | None = next((o for o in result.results if o is not None), None)
     if outcome is None or result.errors:
         return verdicts
+    verdicts += rank_waste(spec, ranks)
     params = param_infos(spec)
     layers = layer_infos(spec, params)
     verdicts.append(gradient_volume(spec.id, backend, outcome.collectives, params, spec.dist.world_size))
@@ -84,6 +130,7 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
     if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
     result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s)
+    figures.update(rank_peaks(result))
     figures["overhead_s"] = result.overhead_s
     figures.update(pool.overhead_figures())
     return dist_verdicts(spec, result)

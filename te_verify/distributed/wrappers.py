@@ -31,6 +31,8 @@ class Wrapped:
     layers: list[nn.Module]
     # Full (unsharded) gradients by "<layer>.<weight|bias>"; may run collectives, so call after counting stops.
     full_grads: Callable[[], dict[str, torch.Tensor | None]]
+    # Full (unsharded) parameter values, keyed the same way: what the run left in the model.
+    full_params: Callable[[], dict[str, torch.Tensor | None]]
     # Bytes of gathered parameter storage per layer now; None when the wrapper cannot be observed.
     gathered_bytes: Callable[[], list[int]] | None = None
     # Factor by which the wrapper divides the summed gradients (it averages over ranks).
@@ -43,13 +45,23 @@ def options(spec: CaseSpec) -> dict:
     return dict(spec.dist.options)
 
 
-def param_grads(layers: list[nn.Module]) -> dict[str, torch.Tensor | None]:
-    """Gradients of plain (unsharded) parameters by "<layer>.<name>"."""
+def param_tensors(layers: list[nn.Module], of: Callable[[nn.Parameter], torch.Tensor | None]
+                  ) -> dict[str, torch.Tensor | None]:
+    """`of(parameter)` (its gradient, or itself) for every parameter, cloned, by "<layer>.<name>"."""
     out = {}
     for i, layer in enumerate(layers):
         for name, p in layer.named_parameters(recurse=False):
-            out[f"{i}.{name}"] = None if p.grad is None else p.grad.detach().clone()
+            t = of(p)
+            out[f"{i}.{name}"] = None if t is None else t.detach().clone()
     return out
+
+
+def grad_of(p: nn.Parameter) -> torch.Tensor | None:
+    return p.grad
+
+
+def value_of(p: nn.Parameter) -> torch.Tensor:
+    return p
 
 
 def storage_bytes(t: torch.Tensor | None) -> int:
@@ -68,7 +80,8 @@ def wrap_ddp(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     ddp = DDP(model, **opts)
     ddp.register_comm_hook(None, averaging_allreduce_hook)
     layers = list(model)
-    return Wrapped(ddp, layers, lambda: param_grads(layers), lambda: [0] * len(layers), dist.get_world_size())
+    return Wrapped(ddp, layers, lambda: param_tensors(layers, grad_of), lambda: param_tensors(layers, value_of),
+                   lambda: [0] * len(layers), dist.get_world_size())
 
 
 def averaging_allreduce_hook(state, bucket):
@@ -92,13 +105,17 @@ def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
 
     def full_grads() -> dict:
         with FSDP.summon_full_params(fsdp, with_grads=True):
-            return param_grads(layers)
+            return param_tensors(layers, grad_of)
+
+    def full_params() -> dict:
+        with FSDP.summon_full_params(fsdp):
+            return param_tensors(layers, value_of)
 
     def gathered() -> list[int]:
         return [storage_bytes(getattr(u._handle.flat_param, "_full_param_padded", None)) if u._handle else 0
                 for u in units]
 
-    return Wrapped(fsdp, layers, full_grads, gathered, dist.get_world_size())
+    return Wrapped(fsdp, layers, full_grads, full_params, gathered, dist.get_world_size())
 
 
 def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
@@ -116,12 +133,8 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
 
-    def full_grads() -> dict:
-        out = {}
-        for i, layer in enumerate(layers):
-            for name, p in layer.named_parameters(recurse=False):
-                out[f"{i}.{name}"] = None if p.grad is None else p.grad.full_tensor().detach().clone()
-        return out
+    def full(t: torch.Tensor | None) -> torch.Tensor | None:  # a DTensor's whole value (a collective)
+        return None if t is None else t.full_tensor()
 
     def gathered() -> list[int]:
         sizes = []
@@ -130,7 +143,8 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
             sizes.append(sum(storage_bytes(t) for fp in group.fsdp_params for t in fp.all_gather_outputs))
         return sizes
 
-    return Wrapped(model, layers, full_grads, gathered, dist.get_world_size(), keep=[mesh])
+    return Wrapped(model, layers, lambda: param_tensors(layers, lambda p: full(p.grad)),
+                   lambda: param_tensors(layers, full), gathered, dist.get_world_size(), keep=[mesh])
 
 
 def wrap_fairscale(model: nn.Sequential, spec: CaseSpec) -> Wrapped:

@@ -23,8 +23,10 @@ Why a dispatch mode and what it sees:
   default: it costs a few more lookups per op.
 - Layers: probes that know the model bind its linear weights (`bind_weights`, in layer order), and a forward GEMM
   with an operand on a weight's storage (the Parameter itself or any view or reinterpretation of it, as
-  inductor's compiled code passes it) is that layer's; its other operand is the layer's input. Unbound, the k-th
-  distinct Parameter used as a forward GEMM operand is the weight of layer k.
+  inductor's compiled code passes it) or on the weight's Parameter object (FSDP swaps its storage) is that
+  layer's; its other operand is the layer's input. A Parameter operand of no bound layer (a sharded wrapper's
+  unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th distinct Parameter
+  used as a forward GEMM operand is the weight of layer k.
 """
 from __future__ import annotations
 
@@ -60,6 +62,9 @@ class LayerMap:
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Indexes for the per-GEMM lookups: weight key -> layer; input key -> layer, None if several layers had it.
     _weight_layer: dict[StorageKey, int] = field(default_factory=dict, repr=False)
+    # id() of each layer's weight Parameter object(s): a wrapper may swap a Parameter's storage (FSDP gathers it
+    # anew for backward) but keeps the object.
+    _param_layer: dict[int, int] = field(default_factory=dict, repr=False)
     _input_layer: dict[StorageKey, int | None] = field(default_factory=dict, repr=False)
 
     def set_input_shape(self, layer: int, shape: tuple[int, ...]) -> None:
@@ -94,6 +99,14 @@ class LayerMap:
     def layer_of_weight(self, key: StorageKey) -> int | None:
         return self._weight_layer.get(key)
 
+    def layer_of_param(self, param: torch.nn.Parameter) -> int | None:
+        return self._param_layer.get(id(param))
+
+    def alias_weight(self, layer: int, key: StorageKey, param: torch.nn.Parameter) -> None:
+        """Another storage and Parameter object that are `layer`'s weight (a wrapper's unsharded copy)."""
+        self._weight_layer.setdefault(key, layer)
+        self._param_layer.setdefault(id(param), layer)
+
     def layer_of_input(self, key: StorageKey) -> int | None:
         return self._input_layer.get(key)
 
@@ -110,12 +123,21 @@ def fingerprint(t: torch.Tensor) -> float:
     return float(t.detach().double().sum())
 
 
+def _data_ptr(t: torch.Tensor) -> int | None:
+    """The tensor's storage address; None for a wrapper subclass without storage of its own (a sharded DTensor
+    parameter: its layer is then known by object and shape)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
 def is_real(t: torch.Tensor) -> bool:
     """False for tensors a compiler traces with (FakeTensor, meta): their work is not the run's."""
     return not t.is_meta and not isinstance(t, FakeTensor)
 
 
-def _param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
+def param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
     if isinstance(t, torch.nn.Parameter):
         return t
     return t._base if isinstance(t._base, torch.nn.Parameter) else None
@@ -176,6 +198,7 @@ class Watcher(TorchDispatchMode):
         # data_ptr -> (serial, weakref) of GEMM operands allocated out of the mode's sight (inductor's buffers)
         self._seen: dict[int, tuple[int, weakref.ref]] = {}
         self._weight_ptrs: set[int] = set()  # storages of the bound weights: keyed ("pre", ptr), never "seen"
+        self._bound = False  # bind_weights named the layers
 
     def reset_window(self) -> None:
         self.window_peak_bytes = self.current_bytes
@@ -204,11 +227,11 @@ class Watcher(TorchDispatchMode):
     def key_of_storage(self, storage: torch.UntypedStorage) -> StorageKey:
         """The serial (an int) of a storage made during the run, else ("pre", data_ptr)."""
         ptr = storage.data_ptr()
-        entry = self._live.get(ptr)
+        entry = self._tracked(storage, ptr)
         if entry is not None:
             return entry[0]
         seen = self._seen.get(ptr)
-        return ("seen", seen[0]) if seen is not None else ("pre", ptr)
+        return ("seen", seen[0]) if seen is not None and seen[1]() is storage else ("pre", ptr)
 
     def _see(self, t: torch.Tensor) -> None:
         """Key a GEMM operand's storage that no dispatched op allocated (a compiled kernel's buffer) by a serial
@@ -216,7 +239,9 @@ class Watcher(TorchDispatchMode):
         allocation for the byte figures: nothing dispatched made it."""
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr == 0 or ptr in self._live or ptr in self._seen or ptr in self._weight_ptrs or _param_of(t) is not None:
+        seen = self._seen.get(ptr)
+        if (ptr == 0 or self._tracked(storage, ptr) is not None or (seen is not None and seen[1]() is storage)
+                or ptr in self._weight_ptrs or param_of(t) is not None):
             return
         self._serial += 1
         self._seen[ptr] = (self._serial, weakref.ref(storage, partial(self._unseen, ptr, self._serial)))
@@ -226,8 +251,15 @@ class Watcher(TorchDispatchMode):
         if entry is not None and entry[0] == serial:
             del self._seen[ptr]
 
+    def _tracked(self, storage: torch.UntypedStorage, ptr: int) -> tuple | None:
+        """The live entry of this storage object at `ptr`; None for another object there (one whose memory an
+        older storage gave back with resize_(0), as FSDP frees gathered parameters, is a new allocation)."""
+        entry = self._live.get(ptr)
+        return entry if entry is not None and entry[2]() is storage else None
+
     def is_new(self, t: torch.Tensor) -> bool:
-        return t.untyped_storage().data_ptr() in self._live
+        storage = t.untyped_storage()
+        return self._tracked(storage, storage.data_ptr()) is not None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -242,7 +274,7 @@ class Watcher(TorchDispatchMode):
         if kind & _FRESH and type(out) is torch.Tensor:  # the common case, inlined
             storage = out.untyped_storage()
             ptr = storage.data_ptr()
-            if ptr and ptr not in self._live:
+            if ptr and self._tracked(storage, ptr) is None:
                 self._add(storage, ptr)
         elif kind & (_FRESH | _SCAN):
             self._track_outputs(out, args, scan=bool(kind & _SCAN))
@@ -264,7 +296,7 @@ class Watcher(TorchDispatchMode):
                 continue
             storage = o.untyped_storage()
             ptr = storage.data_ptr()
-            if ptr == 0 or ptr in self._live:
+            if ptr == 0 or self._tracked(storage, ptr) is not None:
                 continue
             # A view or in-place result of an older tensor shares its storage: not an allocation.
             if scan and any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
@@ -272,6 +304,9 @@ class Watcher(TorchDispatchMode):
             self._add(storage, ptr)
 
     def _add(self, storage: torch.UntypedStorage, ptr: int) -> None:
+        stale = self._live.get(ptr)
+        if stale is not None:  # an older storage resized away from this address: its bytes were given back
+            self.current_bytes -= stale[1]
         self._serial += 1
         nbytes = storage.nbytes()
         # A weakref callback per storage (not weakref.finalize: its registry costs several times more).
@@ -287,29 +322,54 @@ class Watcher(TorchDispatchMode):
             del self._live[ptr]
             self.current_bytes -= entry[1]
 
-    def bind_weights(self, weights: list[torch.Tensor]) -> None:
-        """Register the model's linear weights as layers 0, 1, ... by storage (once per run)."""
+    def bind_weights(self, weights: list[torch.Tensor], shapes: list[tuple[int, int]] | None = None) -> None:
+        """Register the model's linear weights as layers 0, 1, ... by storage and object (once per run), with
+        their shapes (`shapes` where the Parameters hold flat shards)."""
         if self.layers.weight_keys:
             return
-        for weight in weights:
-            self._weight_ptrs.add(weight.untyped_storage().data_ptr())
-            self.layers.add_layer(("pre", weight.untyped_storage().data_ptr()), tuple(weight.shape), None)
+        for k, weight in enumerate(weights):
+            ptr = _data_ptr(weight)
+            self._weight_ptrs.add(ptr)
+            layer = self.layers.add_layer(("pre", ptr), tuple(shapes[k] if shapes else weight.shape), None)
+            self.layers.alias_weight(layer, ("pre", ptr), weight)
+        self._bound = bool(weights)
+
+    def weight_layer_of(self, t: torch.Tensor) -> int | None:
+        """The layer whose weight `t` is (or was copied from): by storage, else by its Parameter object."""
+        layer = self.layers.layer_of_weight(self.root_view(t)[0])
+        if layer is None and (param := param_of(t)) is not None:
+            layer = self.layers.layer_of_param(param)
+        return layer
+
+    def _adopt(self, weight: torch.nn.Parameter) -> int | None:
+        """The layer of a forward GEMM's Parameter operand not seen before. Bound: a wrapper's unsharded copy of
+        a bound weight, i.e. the first bound layer of that shape yet to run forward (layers run in order); None if
+        there is none. Unbound: the next layer."""
+        key = self.key(weight)
+        if not self._bound:
+            layer = self.layers.add_layer(key, tuple(weight.shape), None)
+        else:
+            layer = next((i for i, shape in enumerate(self.layers.weight_shapes)
+                          if shape == tuple(weight.shape) and self.layers.input_shapes[i] is None), None)
+            if layer is None:
+                return None
+        self.layers.alias_weight(layer, key, weight)
+        return layer
 
     def _learn_layer(self, args: tuple) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)][-2:]  # the two GEMM operands
-        bound = [(i, self.layers.layer_of_weight(self.root_view(t)[0])) for i, t in enumerate(tensors)]
+        bound = [(i, self.weight_layer_of(t)) for i, t in enumerate(tensors)]
         bound = [(i, layer) for i, layer in bound if layer is not None]
-        if len(bound) == 1:  # one operand lives on a known weight's storage
+        if len(bound) == 1:  # one operand is a known weight
             slot, layer = bound[0]
         else:
-            params = [(i, p) for i, p in enumerate(_param_of(a) for a in tensors) if p is not None and p.dim() == 2]
+            params = [(i, p) for i, p in enumerate(param_of(a) for a in tensors) if p is not None and p.dim() == 2]
             if len(params) != 1:
                 return
             slot, weight = params[0]
-            wkey = ("pre", weight.untyped_storage().data_ptr())
-            layer = self.layers.layer_of_weight(wkey)
+            layer = self._adopt(weight)
             if layer is None:
-                layer = self.layers.add_layer(wkey, tuple(weight.shape), None)
+                return
         other = tensors[1 - slot]
         self.layers.set_input_shape(layer, tuple(other.shape))
         view = self.root_view(other)

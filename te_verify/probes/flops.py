@@ -62,17 +62,21 @@ class RawGemm:
     # Layer whose weight's storage is an operand, and layer whose forward input (as a view) is an operand.
     weight_layer: int | None
     input_layer: int | None
-    # The two operands as views (storage key, offset, numel).
+    # The two operands as views (storage key, offset, numel), and those of them that are a layer's weight.
     views: tuple
+    weight_views: tuple = ()
 
 
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tuple, out: torch.Tensor) -> RawGemm:
     weight_layer = None
-    input_layers = set()
+    input_layers, weight_views = set(), []
     operands = [t for t in args[-2:] if isinstance(t, torch.Tensor)]  # every GEMM op's last two positional args
     for t in operands:
         root = watcher.root_view(t)
-        weight_layer = weight_layer if weight_layer is not None else watcher.layers.layer_of_weight(root[0])
+        layer = watcher.weight_layer_of(t)
+        if layer is not None:
+            weight_views.append(root)
+        weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         data = dispatch.fingerprint(t) if phase != "forward" and root == watcher.view_key(t) else None
         input_layers.add(watcher.layers.layer_of_input_view(root, data))
@@ -83,13 +87,16 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tu
     # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
     flops = 2 * args[-2].shape[-1] * math.prod(shape)
     return RawGemm(phase, pass_index, func, shape, flops, weight_layer, input_layer,
-                   tuple(watcher.root_view(t) for t in operands))
+                   tuple(watcher.root_view(t) for t in operands), tuple(weight_views))
 
 
-def _by_shape(layers: LayerMap, shape: tuple[int, ...]) -> tuple[str, int | None]:
+def _by_shape(layers: LayerMap, shape: tuple[int, ...], rows: frozenset = frozenset()) -> tuple[str, int | None]:
+    """Role (and layer, if one layer has the shape) from a backward GEMM's output shape. `rows`: the forward
+    GEMMs' row counts, so an input gradient is known by (rows, fan-in) even where no layer's input was seen."""
     wanted = {shape, tuple(reversed(shape))}
     weight_like = any(s in wanted for s in layers.weight_shapes)
-    input_like = shape in layers.input_shapes
+    fan_ins = {s[-1] for s in layers.weight_shapes}
+    input_like = shape in layers.input_shapes or (len(shape) == 2 and shape[0] in rows and shape[1] in fan_ins)
     if weight_like and not input_like:
         return "wgrad", layers.unique_layer(layers.weight_shapes, shape, transposed_too=True)
     if input_like and not weight_like:
@@ -111,7 +118,9 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
     for r in raws:
         if r.phase != "forward" and r.weight_layer is not None:
             for view in r.views:
-                grad_layers.setdefault(view, r.weight_layer)
+                if view not in r.weight_views:  # the output gradient the dgrad consumed
+                    grad_layers.setdefault(view, r.weight_layer)
+    rows = frozenset(r.shape[0] for r in raws if r.phase == "forward" and len(r.shape) == 2)
     events = []
     for r in raws:
         if r.phase == "forward":
@@ -121,7 +130,7 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
         elif r.input_layer is not None or any(v in grad_layers for v in r.views):
             role, layer = "wgrad", _wgrad_layer(r, grad_layers)
         else:
-            role, layer = _by_shape(layers, r.shape)
+            role, layer = _by_shape(layers, r.shape, rows)
         events.append(GemmEvent(r.phase, r.pass_index, role, layer, str(r.op), r.shape, r.flops))
     return events
 
@@ -140,10 +149,13 @@ class GemmProbe:
         self._phase, self._pass = "forward", 0
         self._watcher: Watcher | None = None
         self._weights: list[torch.Tensor] = []
+        self._shapes: list[tuple[int, int]] | None = None
 
-    def bind(self, model: torch.nn.Module) -> None:
-        """The model's linear weights, in layer order (what the oracle's layer indices mean)."""
+    def bind(self, model: torch.nn.Module, shapes: list[tuple[int, int]] | None = None) -> None:
+        """The model's linear weights, in layer order (what the oracle's layer indices mean); `shapes`: their
+        (out, in) shapes where a sharded wrapper left the Parameters holding flat shards."""
         self._weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        self._shapes = shapes
 
     @property
     def events(self) -> list[GemmEvent]:
@@ -155,7 +167,7 @@ class GemmProbe:
         self._raw, self._events = [], None
         self._watcher = dispatch.subscribe(self)
         self._watcher.follow_copies |= self.follow_copies
-        self._watcher.bind_weights(self._weights)
+        self._watcher.bind_weights(self._weights, self._shapes)
         self._watcher.gemm_listeners.append(self._on_gemm)
         return self
 

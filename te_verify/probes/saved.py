@@ -2,7 +2,8 @@
 
 Counts new allocations only: a saved tensor counts when its storage was first produced by an op during the
 run (the shared Watcher's storage keys), so parameters, the model input and views of either never count,
-whatever view or dtype wrapper a backend saves them through. Saved tensors are deduplicated by storage and
+whatever view or dtype wrapper a backend saves them through; nor does a Parameter whose storage a sharded wrapper
+gathered during the run (the gathered bytes are the reshard checks' measure). Saved tensors are deduplicated by storage and
 sized by their storage's bytes (what saving keeps alive).
 
 A saved wrapper subclass (TE's Float8Tensor, DTensor) counts as the inner tensors it holds (`wrapped_tensors`). The hooks see what eager autograd saves and what custom autograd.Functions save with
@@ -137,8 +138,8 @@ class SavedTensorsProbe:
             storage = t.untyped_storage()
             key = self._watcher.key_of_storage(storage)
             root = self._watcher.root_view(t) if self._watcher.follow_copies else ()
-            self._raw.append((key, type(key) is int, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape),
-                              t.dtype, root))
+            new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
+            self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root))
         return t
 
     def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:

@@ -1,0 +1,86 @@
+"""Distributed wrappers with one planted fault each (the pool's `wrap=` and the torchrun entry's --wrap): the
+distributed checks must catch every one, naming the rank and the element."""
+from __future__ import annotations
+
+import torch
+
+from te_verify.distributed.wrappers import Wrapped, wrap_ddp, wrap_fsdp2
+
+
+def defer_reshard_fsdp2(model, spec) -> Wrapped:
+    """FSDP2 whose reshards during backward all run in a callback at the end of backward."""
+    wrapped = wrap_fsdp2(model, spec)
+    pending = []
+
+    def run_pending() -> None:
+        while pending:
+            pending.pop(0)()
+
+    for layer in wrapped.layers:
+        group = layer._get_fsdp_state()._fsdp_param_group
+
+        def deferred(real=group.reshard) -> None:
+            if torch._C._current_graph_task_id() == -1:  # not in backward: reshard as usual
+                return real()
+            if not pending:
+                torch.autograd.Variable._execution_engine.queue_callback(run_pending)
+            pending.append(real)
+
+        group.reshard = deferred  # instance attribute: only this wrapper's groups are affected
+    return wrapped
+
+
+def ddp_skipping_first_weight(model, spec) -> Wrapped:
+    """DDP that never all-reduces 0.weight's gradient."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["0.weight"])
+    return wrap_ddp(model, spec)
+
+
+def _with_forward(wrapped: Wrapped, forward) -> Wrapped:
+    wrapped.module = forward
+    return wrapped
+
+
+def ddp_wrong_output(model, spec) -> Wrapped:
+    """DDP whose output is 1% off with exact gradients (the offset is detached)."""
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+    return _with_forward(wrapped, lambda x: (lambda out: out + 0.01 * out.detach())(inner(x)))
+
+
+def ddp_writing_frozen_weight(model, spec) -> Wrapped:
+    """DDP that writes a cast of the frozen layer 1's weight back into it after forward (a cast cache written
+    back; the weight is saved for backward untouched, so no gradient changes... except through dgrad, which
+    reads the written value: layer 1's weight is rounded to bf16 only after backward ran)."""
+    wrapped = wrap_ddp(model, spec)
+    inner, weight = wrapped.module, wrapped.layers[1].weight
+
+    def forward(x):
+        out = inner(x)
+        out.register_hook(lambda g: _round_after_backward(weight))
+        return out
+
+    return _with_forward(wrapped, forward)
+
+
+def _round_after_backward(weight: torch.nn.Parameter) -> None:
+    def write_back() -> None:
+        with torch.no_grad():
+            weight.copy_(weight.to(torch.bfloat16).to(weight.dtype))
+
+    torch.autograd.Variable._execution_engine.queue_callback(write_back)
+
+
+def ddp_extra_gemm(model, spec) -> Wrapped:
+    """DDP that also multiplies its input by the first weight once more in forward (and drops the result)."""
+    wrapped = wrap_ddp(model, spec)
+    inner, weight = wrapped.module, wrapped.layers[0].weight
+
+    def forward(x):
+        with torch.no_grad():
+            torch.mm(x.reshape(-1, x.shape[-1]), weight.t())
+        return inner(x)
+
+    return _with_forward(wrapped, forward)
