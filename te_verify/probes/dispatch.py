@@ -11,7 +11,8 @@ Why a dispatch mode and what it sees:
 - Storage identity: every storage first produced by an op during the run gets a serial number (its key);
   storages that existed before (parameters, the model input) are keyed ("pre", data_ptr). Serials never
   alias, unlike data pointers, which the allocator reuses once a storage is freed. A GEMM operand that no
-  dispatched op allocated (inductor allocates its buffers in C++) is keyed ("seen", serial) while it lives.
+  dispatched op allocated (inductor allocates its buffers in C++) at an address where another such storage was
+  seen before is keyed ("pre", data_ptr, generation).
 - Phase "idle" (set by a runner around its own snapshots) pauses all of it: the mode is popped off the stack,
   so the harness's copies pay no dispatch either.
 - Cost: a Python dispatch hook costs a few microseconds per aten op whatever it does (about 2.5x the step
@@ -195,7 +196,8 @@ class Watcher(TorchDispatchMode):
         self.window_peak_bytes = 0  # peak since the last reset_window()
         self.follow_copies = False
         self._derived: dict[tuple, tuple] = {}  # a copy's view key -> the view it was made from
-        # data_ptr -> (serial, weakref) of GEMM operands allocated out of the mode's sight (inductor's buffers)
+        # data_ptr -> (generation, weakref) of the last GEMM operand storage at that address that no dispatched op
+        # allocated (the model input; inductor's buffers): each new storage object seen there is a new generation
         self._seen: dict[int, tuple[int, weakref.ref]] = {}
         self._weight_ptrs: set[int] = set()  # storages of the bound weights: keyed ("pre", ptr), never "seen"
         self._bound = False  # bind_weights named the layers
@@ -231,25 +233,22 @@ class Watcher(TorchDispatchMode):
         if entry is not None:
             return entry[0]
         seen = self._seen.get(ptr)
-        return ("seen", seen[0]) if seen is not None and seen[1]() is storage else ("pre", ptr)
+        if seen is not None and seen[0] and seen[1]() is storage:
+            return ("pre", ptr, seen[0])
+        return ("pre", ptr)
 
     def _see(self, t: torch.Tensor) -> None:
-        """Key a GEMM operand's storage that no dispatched op allocated (a compiled kernel's buffer) by a serial
-        of its own while it lives, so a later buffer at the same address is not taken for it. Not a new
-        allocation for the byte figures: nothing dispatched made it."""
+        """Note a GEMM operand's storage that no dispatched op allocated. The first storage object seen at an
+        address keeps the key ("pre", ptr); a later one there (a compiled kernel's buffer reusing a dead one's
+        memory) gets ("pre", ptr, generation), so it is not taken for the earlier one. Not a new allocation for
+        the byte figures: nothing dispatched made it."""
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         seen = self._seen.get(ptr)
         if (ptr == 0 or self._tracked(storage, ptr) is not None or (seen is not None and seen[1]() is storage)
                 or ptr in self._weight_ptrs or param_of(t) is not None):
             return
-        self._serial += 1
-        self._seen[ptr] = (self._serial, weakref.ref(storage, partial(self._unseen, ptr, self._serial)))
-
-    def _unseen(self, ptr: int, serial: int, _ref: weakref.ref) -> None:
-        entry = self._seen.get(ptr)
-        if entry is not None and entry[0] == serial:
-            del self._seen[ptr]
+        self._seen[ptr] = (0 if seen is None else seen[0] + 1, weakref.ref(storage))
 
     def _tracked(self, storage: torch.UntypedStorage, ptr: int) -> tuple | None:
         """The live entry of this storage object at `ptr`; None for another object there (one whose memory an
