@@ -5,17 +5,18 @@ from typing import Iterable
 
 from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
+from te_verify.checks.family_waste import family_waste_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, state_left_behind
-from te_verify.checks.tolerances import tolerance_for
+from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
 from te_verify.checks.verdict import Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
 from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
 from te_verify.record import Record
-from te_verify.runner import run_case
+from te_verify.runner import run_case, run_fp64_eager
 from te_verify.spec import CaseSpec
 
 
@@ -35,8 +36,8 @@ class CaseRun:
         """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once."""
         return run_case(spec or self.spec, backend or self.backend, probes)
 
-    def standard_verdicts(self, ref: Record, got: Record) -> list[Verdict]:
-        tol = tolerance_for(self.spec, self.backend_name)
+    def standard_verdicts(self, ref: Record, got: Record, tol: Tolerance | None = None) -> list[Verdict]:
+        tol = tol or tolerance_for(self.spec, self.backend_name)
         case_id, name = self.spec.id, self.backend_name
         return [
             replay_semantics(case_id, name, ref, got, tol),
@@ -49,10 +50,16 @@ class CaseRun:
     def verify(self) -> list[Verdict]:
         """Eager reference vs the backend under test: replay semantics, None-ness, gradient parity, and the
         waste checks (FLOPs and GEMMs by role, saved-for-backward bytes, peak) against the oracle."""
-        ref = run_case(self.spec, EagerBackend())
-        got = self.run(probes=default_probes(self.backend_name))
+        family = self.spec.model is not None  # its checks judge what is not a linear site against eager's run
+        ref = run_case(self.spec, EagerBackend(), default_probes("eager", True) if family else ())
+        got = self.run(probes=default_probes(self.backend_name, family))
         self.figures.update(got.figures)
-        return self.require(self.standard_verdicts(ref, got) + waste_verdicts(self.spec, got, self.backend_name))
+        tol = derived_tolerance(self.spec, ref, run_fp64_eager(self.spec)) if family else None
+        if tol is not None:
+            self.figures["tolerance"] = tol.source
+        waste = (family_waste_verdicts(self.spec, got, ref, self.backend_name) if self.spec.model is not None
+                 else waste_verdicts(self.spec, got, self.backend_name))
+        return self.require(self.standard_verdicts(ref, got, tol) + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Record the verdicts' figures; raise AssertionError with every failure message."""

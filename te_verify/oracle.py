@@ -14,11 +14,18 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
 - experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
   of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
   input needs grad iff the model input does or an earlier layer's expert k is trainable.
+- model families (spec.model): the same rules per linear site, with "needs grad" read from the model's module
+  graph (te_verify.graph_sites); sites fed one value save it once, and the model input is never a new save.
+  Required work for what is not a linear site (attention, norms, activations) is not derived: the checks
+  report it beside the sites' figures.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+import torch
 
 from te_verify.spec import CaseSpec
 
@@ -56,6 +63,10 @@ class Site:
     bias_trainable: bool
     # Does its input need a gradient (so its dgrad GEMM is required)?
     input_needs_grad: bool
+    # The value it reads (a model family's fx node; "" for the stack): sites fed one value save it once.
+    input_value: str = ""
+    # Its input is the model input itself (never a new allocation when saved).
+    input_is_model_input: bool = False
 
     def roles(self) -> set[str]:
         """Backward roles required per pass."""
@@ -66,8 +77,25 @@ class Site:
         return 2 * self.rows * self.fan_in * self.fan_out
 
 
+@functools.lru_cache(maxsize=256)
+def _model_graph(spec: CaseSpec) -> tuple[tuple[Site, ...], bool]:
+    """A model family's sites and whether any value needs a gradient, from its module graph as frozen at backward."""
+    from te_verify.graph_sites import graph_sites
+    from te_verify.models import CPU, build_model, freeze, make_inputs
+
+    model = build_model(spec, CPU)
+    if spec.freeze_timing != "unfreeze_after":
+        freeze(model, spec)
+    x = make_inputs(spec, device=CPU).x
+    found = tuple(Site(g.name, g.index, g.rows, g.fan_in, g.fan_out, g.weight_trainable, g.bias_trainable,
+                       g.input_needs_grad, g.input_node, g.input_is_model_input) for g in graph_sites(model, x))
+    return found, x.requires_grad or any(p.requires_grad for p in model.parameters())
+
+
 def sites(spec: CaseSpec) -> list[Site]:
-    """Every linear site, layer-major; one per layer without experts."""
+    """Every linear site, layer-major; one per layer without experts; a model family's in module order."""
+    if spec.model is not None:
+        return list(_model_graph(spec)[0])
     weights, biases = trainable_masks(spec)
     experts = spec.te.experts if spec.te is not None else 1
     frozen = set(spec.te.frozen_experts) if spec.te is not None else set()
@@ -78,7 +106,8 @@ def sites(spec: CaseSpec) -> list[Site]:
         for k in range(experts):
             w, b = weights[i] and k not in frozen, biases[i] and k not in frozen
             label = str(i) if experts == 1 else f"{i}.e{k}"
-            out.append(Site(label, i, rows, spec.widths[i], spec.widths[i + 1], w, b, upstream[k]))
+            out.append(Site(label, i, rows, spec.widths[i], spec.widths[i + 1], w, b, upstream[k],
+                            input_is_model_input=i == 0))
             upstream[k] = upstream[k] or w or b
     return out
 
@@ -102,7 +131,9 @@ def input_needs_grad(spec: CaseSpec) -> tuple[bool, ...]:
 
 
 def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
-    """(layer, role) of the GEMMs one backward pass needs, last layer first."""
+    """(layer, role) of the GEMMs one backward pass needs, last layer first (a model family: last site first)."""
+    if spec.model is not None:
+        return [(s.layer, role) for s in reversed(sites(spec)) for role in ("dgrad", "wgrad") if role in s.roles()]
     weights, _ = trainable_masks(spec)
     needs = input_needs_grad(spec)
     gemms = []
@@ -116,14 +147,23 @@ def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
 
 def graph_exists(spec: CaseSpec) -> bool:
     """Whether the output needs grad at all (if not, backward raises and does no work)."""
+    if spec.model is not None:
+        return _model_graph(spec)[1]
     return spec.input_requires_grad or any(s.weight_trainable or s.bias_trainable for s in sites(spec))
 
 
 def required_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
     """(layer, role) of every GEMM the run needs: fprop per layer, then each replay's backward GEMMs."""
-    forward = [(i, "fprop") for i in range(spec.n_layers)]
+    forward = forward_gemms(spec)
     backward = backward_gemms(spec) if graph_exists(spec) else []
     return forward + backward * spec.replays
+
+
+def forward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
+    """(layer, "fprop") per layer (a model family: per site)."""
+    if spec.model is not None:
+        return [(s.layer, "fprop") for s in sites(spec)]
+    return [(i, "fprop") for i in range(spec.n_layers)]
 
 
 def required_bias_grads(spec: CaseSpec) -> list[int]:
@@ -159,6 +199,8 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
     """The new tensors backward needs kept (plain or FP8 by `spec.te.recipe`), per site."""
     if not graph_exists(spec):
         return RequiredSaved(0, 0, ())
+    if spec.model is not None:
+        return _family_saved(spec)
     fp8 = spec.te is not None and spec.te.recipe is not None
     items = []
     for s in sites(spec):
@@ -170,6 +212,16 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                 items += [(s.layer, label, data), (s.layer, label + "_scale_inv", SCALE_INV_BYTES)]
             elif kind == "input" and s.layer > 0:
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+    return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
+
+
+def _family_saved(spec: CaseSpec) -> RequiredSaved:
+    """A model family's linear sites: each value a wgrad reads, once, unless it is the model input."""
+    items, seen = [], set()
+    for s in sites(spec):
+        if "wgrad" in s.roles() and not s.input_is_model_input and s.input_value not in seen:
+            seen.add(s.input_value)
+            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
 
 

@@ -8,7 +8,7 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.models import CaseInputs, build_model, make_inputs, set_frozen, unfreeze_all
+from te_verify.models import CaseInputs, build_model, freeze, make_inputs, unfreeze_all
 from te_verify.probes.base import Probe
 from te_verify.record import INPUT_GRAD, Record
 from te_verify.spec import CaseSpec
@@ -24,10 +24,10 @@ def snapshot_grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.T
 def prepare_frozen(backend: Backend, model: torch.nn.Module, spec: CaseSpec):
     """Freeze before or after the backend prepares the model, as the spec says; return the callable."""
     if spec.freeze_timing in ("before", "unfreeze_after"):
-        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
+        freeze(model, spec)
     fn = backend.prepare(model, spec)
     if spec.freeze_timing == "after":
-        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
+        freeze(model, spec)
     elif spec.freeze_timing == "unfreeze_after":
         unfreeze_all(model)
     return fn
@@ -107,6 +107,17 @@ def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
     except Exception as exc:
         record.error, record.error_pass = exc, 0
         return None
+
+
+def run_fp64_eager(spec: CaseSpec) -> Record:
+    """Eager on the case's model and inputs in fp64: the truth a model family's tolerance is derived from."""
+    record = Record(backend="eager_fp64")
+    model = build_model(spec).double()
+    freeze(model, spec)
+    inputs = make_inputs(spec)
+    x = inputs.x.double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x
+    run_prepared(model, model, CaseInputs(x, inputs.grad_output.double()), spec, record)
+    return record
 
 
 def run_case(spec: CaseSpec, backend: Backend, probes: Iterable[Probe] = (),

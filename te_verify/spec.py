@@ -16,6 +16,9 @@ RECIPES = (None, "delayed", "current")
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+MODEL_KINDS = ("llama",)  # model families beyond the linear stack (te_verify/models/<kind>.py)
+PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
+STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
 
 
 class SpecError(ValueError):
@@ -91,6 +94,59 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """A model family other than the linear stack (the stack's fields of CaseSpec then go unused)."""
+
+    # Family: one of MODEL_KINDS, built by te_verify/models/<kind>.py.
+    kind: str = "llama"
+    # Transformer blocks in sequence.
+    blocks: int = 1
+    # Embedding width, attention heads (n_embd % n_head == 0) and the SwiGLU MLP's hidden width.
+    n_embd: int = 32
+    n_head: int = 4
+    intermediate: int = 64
+    # Projections that carry a LoRA adapter (subset of PROJECTIONS). With any adapter the run is PEFT: every
+    # linear's own weight is frozen and only the adapters (and the stages not in `frozen`) train.
+    lora_on: tuple[str, ...] = ()
+    # LoRA rank r and alpha; the adapter's output is scaled by alpha / r.
+    lora_rank: int = 4
+    lora_alpha: int = 8
+    # The first `frozen_blocks` blocks are frozen whole, adapters included (a frozen stage).
+    frozen_blocks: int = 0
+    # Token embedding in front (the input is then token ids, which need no grad) and a norm + LM head behind.
+    embedding: bool = False
+    head: bool = False
+    # Vocabulary size for the embedding and the head.
+    vocab: int = 48
+    # Stages kept frozen (subset of STAGES): "embedding", "head" (its norm and projection), "norms" (the blocks').
+    frozen: tuple[str, ...] = ()
+    # The adapters' base linears are TE Linear modules (TE lane): LoRA over TE.
+    te_base: bool = False
+
+    @property
+    def in_width(self) -> int:
+        return self.vocab if self.embedding else self.n_embd
+
+    @property
+    def out_width(self) -> int:
+        return self.vocab if self.head else self.n_embd
+
+    @property
+    def tag(self) -> str:
+        parts = [f"{self.kind}{self.blocks}", f"d{self.n_embd}.h{self.n_head}.f{self.intermediate}"]
+        if self.embedding or self.head:
+            parts.append("emb" * self.embedding + "head" * self.head + f"{self.vocab}")
+        if self.lora_on:
+            parts.append("lora_" + ".".join(self.lora_on) + f".r{self.lora_rank}a{self.lora_alpha}"
+                         + ("te" if self.te_base else ""))
+        if self.frozen_blocks:
+            parts.append(f"fb{self.frozen_blocks}")
+        if self.frozen:
+            parts.append("fz_" + ".".join(self.frozen))
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
 class CaseSpec:
     """One generated case. `id` is stable and readable; it is the pytest id and the report key."""
 
@@ -98,7 +154,7 @@ class CaseSpec:
     family: str
     # Feature widths at every layer boundary: len(widths) == number of layers + 1.
     widths: tuple[int, ...]
-    # Per layer: is the weight frozen (requires_grad=False)?
+    # Per layer: is the weight frozen (requires_grad=False)? Empty for a model family (`model`).
     weight_frozen: tuple[bool, ...]
     # Per layer: is the bias frozen? None means the layers have no bias.
     bias_frozen: tuple[bool, ...] | None = None
@@ -122,6 +178,9 @@ class CaseSpec:
     # Plain training steps (forward + backward, no retain_graph, grads then cleared) run before the measured
     # forward: a compiler that specialised its backward on the first step must still honour the replays.
     warmup_steps: int = 0
+    # A model family other than the linear stack; None for the stack. Its widths are then (input, output)
+    # features and its freezing is the family's (ModelConfig), not weight_frozen/bias_frozen.
+    model: ModelConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -136,13 +195,7 @@ class CaseSpec:
 
     @property
     def id(self) -> str:
-        parts = [f"lin{self.n_layers}", "w" + ".".join(map(str, self.widths)), "freeze" + _mask(self.weight_frozen)]
-        if not self.has_bias:
-            parts.append("nobias")
-        elif self.bias_frozen == self.weight_frozen:
-            parts.append("bias")
-        else:
-            parts.append("bias" + _mask(self.bias_frozen))
+        parts = [self.model.tag] if self.model is not None else self._stack_tag()
         parts.append("x_grad" if self.input_requires_grad else "x_nograd")
         parts.append("in" + "x".join(map(str, self.batch_shape)))
         parts.append(self.dtype)
@@ -158,6 +211,16 @@ class CaseSpec:
         if self.seed:
             parts.append(f"s{self.seed}")
         return "-".join(parts)
+
+    def _stack_tag(self) -> list[str]:
+        parts = [f"lin{self.n_layers}", "w" + ".".join(map(str, self.widths)), "freeze" + _mask(self.weight_frozen)]
+        if not self.has_bias:
+            parts.append("nobias")
+        elif self.bias_frozen == self.weight_frozen:
+            parts.append("bias")
+        else:
+            parts.append("bias" + _mask(self.bias_frozen))
+        return parts
 
     def frozen_after_prepare(self) -> tuple[tuple[bool, ...], tuple[bool, ...] | None]:
         """The (weight, bias) freeze masks in force when backward runs."""
@@ -179,6 +242,9 @@ class CaseSpec:
         if d.get("te") is not None:
             d["te"] = TEConfig(**{**d["te"], "tied": tuple(d["te"].get("tied", ())),
                                   "frozen_experts": tuple(d["te"].get("frozen_experts", ()))})
+        if d.get("model") is not None:
+            d["model"] = ModelConfig(**{**d["model"], "lora_on": tuple(d["model"].get("lora_on", ())),
+                                        "frozen": tuple(d["model"].get("frozen", ()))})
         if d.get("dist") is not None:
             dist = dict(d["dist"])
             dist["options"] = tuple(tuple(o) for o in dist.get("options", ()))
@@ -219,12 +285,39 @@ def _check_experts(spec: CaseSpec) -> None:
         _check(rows % te.experts == 0, f"batch_shape={spec.batch_shape!r}: rows must split evenly over {te.experts} experts")
 
 
+def _check_model(spec: CaseSpec) -> None:
+    m = spec.model
+    _check(m.kind in MODEL_KINDS, f"model.kind={m.kind!r}: expected one of {MODEL_KINDS}")
+    _check(min(m.blocks, m.n_embd, m.n_head, m.intermediate, m.vocab) > 0,
+           f"model={m.tag}: blocks, n_embd, n_head, intermediate and vocab must be positive")
+    _check(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd}: not divisible by model.n_head={m.n_head}")
+    _check(set(m.lora_on) <= set(PROJECTIONS) and len(set(m.lora_on)) == len(m.lora_on),
+           f"model.lora_on={m.lora_on!r}: expected distinct names from {PROJECTIONS}")
+    _check(m.lora_rank > 0, f"model.lora_rank={m.lora_rank!r}: must be positive")
+    _check(0 <= m.frozen_blocks <= m.blocks, f"model.frozen_blocks={m.frozen_blocks!r}: between 0 and {m.blocks}")
+    _check(set(m.frozen) <= set(STAGES), f"model.frozen={m.frozen!r}: expected names from {STAGES}")
+    _check(("embedding" not in m.frozen or m.embedding) and ("head" not in m.frozen or m.head),
+           f"model.frozen={m.frozen!r}: names a stage the model does not have")
+    _check(not m.te_base or m.lora_on, "model.te_base=True needs adapters (model.lora_on)")
+    _check(spec.widths == (m.in_width, m.out_width),
+           f"widths={spec.widths!r}: a {m.kind} model's widths are its (input, output) features, "
+           f"{(m.in_width, m.out_width)}")
+    _check(spec.weight_frozen == () and spec.bias_frozen is None,
+           f"weight_frozen/bias_frozen: a {m.kind} model freezes through model.lora_on/frozen_blocks/frozen")
+    _check(len(spec.batch_shape) == 2, f"batch_shape={spec.batch_shape!r}: a {m.kind} model takes (batch, seq)")
+    _check(not (m.embedding and spec.input_requires_grad),
+           "input_requires_grad=True: token ids (model.embedding) cannot need a gradient")
+    _check(spec.te is None or m.te_base, "te: a model family runs on the TE lane only with model.te_base")
+
+
 def validate(spec: CaseSpec) -> None:
     """Raise SpecError naming the first bad field; a spec that passes can be built and run."""
+    if spec.model is not None:
+        _check_model(spec)
     n = len(spec.widths) - 1
     _check(n >= 1, f"widths={spec.widths!r}: need at least two widths (one layer)")
     _check(all(isinstance(w, int) and w > 0 for w in spec.widths), f"widths={spec.widths!r}: widths must be positive ints")
-    _check(len(spec.weight_frozen) == n, f"weight_frozen={spec.weight_frozen!r}: expected {n} entries, one per layer")
+    _check(spec.model is not None or len(spec.weight_frozen) == n, f"weight_frozen={spec.weight_frozen!r}: expected {n} entries, one per layer")
     if spec.bias_frozen is not None:
         _check(len(spec.bias_frozen) == n, f"bias_frozen={spec.bias_frozen!r}: expected {n} entries, one per layer")
     _check(spec.dtype in DTYPES, f"dtype={spec.dtype!r}: expected one of {DTYPES}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
 
@@ -48,3 +49,23 @@ def tolerance_for(spec: CaseSpec, backend: str = "") -> Tolerance:
     if spec.te is not None and spec.te.recipe is not None:
         return RECIPE_TOLERANCES["hybrid" if spec.te.fp8_format == "HYBRID" else spec.te.recipe]
     return OVERRIDES.get((backend, spec.dtype), DTYPE_TOLERANCES[spec.dtype])
+
+
+# A model family's output and gradients pass through softmax attention and RMSNorm, whose sums a backend may
+# reassociate (thunder decomposes scaled-dot-product attention where eager runs one fused kernel): two fp32
+# runs then differ by about eager's own rounding error, which exceeds the fp32 table's atol on such models. As
+# PyTorch's SDPA tests do (test_transformers.py get_tolerances), the atol is derived from eager's own deviation
+# from an fp64 run of the same case, times a fudge factor; never below the dtype's table entry.
+DERIVED_FUDGE = 2.0
+
+
+def derived_tolerance(spec: CaseSpec, eager: Record, truth: Record) -> Tolerance:
+    """The dtype's tolerance with atol raised to DERIVED_FUDGE x eager's largest deviation from `truth` (fp64)."""
+    base = DTYPE_TOLERANCES[spec.dtype]
+    pairs = list(zip(eager.outputs, truth.outputs))
+    for mine, true in zip(eager.grads, truth.grads):
+        pairs += [(mine[n], true[n]) for n in true if true[n] is not None and mine.get(n) is not None]
+    deviation = max((float((a.double() - b.double()).abs().max()) for a, b in pairs if a.numel()), default=0.0)
+    atol = max(base.atol, DERIVED_FUDGE * deviation)
+    return Tolerance(base.rtol, atol, f"{spec.dtype} table rtol; atol {DERIVED_FUDGE:g} x eager's max deviation "
+                                      f"{deviation:.2e} from fp64 (PyTorch SDPA tests' get_tolerances)")

@@ -7,11 +7,12 @@ from te_verify.probes.base import Probe
 TE_BACKENDS = ("te_eager", "thunder_te")
 
 
-def default_probes(backend_name: str) -> list[Probe]:
+def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe]:
     """The waste probes a single-process case runs under, all measuring below the implementation under test.
 
     Torch-lane backends: GEMMs by role (aten dispatch), saved tensors, peak memory; eager, thunder's torch
-    executor and torch.compile all go through aten. TE backends over TE's Python (real or on the tex emulation):
+    executor and torch.compile all go through aten; `follow_copies` traces copies of site inputs and weights (model
+    families: a second copy of a site's input is waste the saved check names by site). TE backends over TE's Python (real or on the tex emulation):
     the tex layer's GEMMs by layer and role (probes.tex_gemm) instead of aten's. TE backends over a pure-PyTorch
     --te-impl (the reference, a user's module): aten's GEMMs, and the reference's own GEMM log as a second source
     the checks hold to agree with it. Every TE backend also records warnings.
@@ -21,7 +22,7 @@ def default_probes(backend_name: str) -> list[Probe]:
     from te_verify.probes.saved import SavedTensorsProbe
 
     if backend_name not in TE_BACKENDS:
-        return [GemmProbe(), SavedTensorsProbe(), PeakMemoryProbe()]
+        return [GemmProbe(follow_copies=follow_copies), SavedTensorsProbe(), PeakMemoryProbe()]
     from te_verify import te_api
     from te_verify.probes.warnings import WarningsProbe
 

@@ -57,6 +57,12 @@ class LayerMap:
     input_keys: list[set] = field(default_factory=list)
     # The same inputs as views (storage key, offset, numel): compilers pack several activations into one storage.
     input_views: dict[tuple, int | None] = field(default_factory=dict, repr=False)
+    # Every layer whose forward input is that view (sites of a model family share inputs: q, k and v).
+    input_sets: dict[tuple, frozenset] = field(default_factory=dict, repr=False)
+    # Every layer whose forward input lives in that storage.
+    input_key_sets: dict[StorageKey, frozenset] = field(default_factory=dict, repr=False)
+    # The view each layer's forward GEMM wrote (its output): a layer whose input is another's output is fed by it.
+    output_views: dict[tuple, int] = field(default_factory=dict, repr=False)
     # A fingerprint of each input view's data (fingerprint()): a compiler may later reuse the buffer in place.
     input_prints: dict[tuple, float] = field(default_factory=dict, repr=False)
     # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
@@ -83,9 +89,11 @@ class LayerMap:
 
     def add_input(self, layer: int, key: StorageKey, view: tuple | None = None, print_: float | None = None) -> None:
         self.input_keys[layer].add(key)
+        self.input_key_sets[key] = self.input_key_sets.get(key, frozenset()) | {layer}
         self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
         if view is not None:
             self.input_views[view] = layer if self.input_views.get(view, layer) == layer else None
+            self.input_sets[view] = self.input_sets.get(view, frozenset()) | {layer}
             if print_ is not None:
                 self.input_prints[view] = print_
 
@@ -96,6 +104,17 @@ class LayerMap:
         if layer is not None and print_ is not None and self.input_prints.get(view, print_) != print_:
             return None
         return layer
+
+    def layers_of_input_view(self, view: tuple, print_: float | None = None) -> frozenset:
+        """Every layer whose forward input is this view (empty if the buffer now holds other data)."""
+        if print_ is not None and self.input_prints.get(view, print_) != print_:
+            return frozenset()
+        return self.input_sets.get(view, frozenset())
+
+    def feeders(self, layer: int) -> frozenset:
+        """Layers whose forward output is `layer`'s input as is (LoRA's A feeds B)."""
+        return frozenset(self.output_views[v] for v, layers in self.input_sets.items()
+                         if layer in layers and v in self.output_views)
 
     def layer_of_weight(self, key: StorageKey) -> int | None:
         return self._weight_layer.get(key)
@@ -284,7 +303,7 @@ class Watcher(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._see(t)
             if self.phase == "forward":
-                self._learn_layer(args)
+                self._learn_layer(args, out)
             for listener in self.gemm_listeners:
                 listener(func, args, out)
         return out
@@ -355,7 +374,7 @@ class Watcher(TorchDispatchMode):
         self.layers.alias_weight(layer, key, weight)
         return layer
 
-    def _learn_layer(self, args: tuple) -> None:
+    def _learn_layer(self, args: tuple, out: torch.Tensor) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)][-2:]  # the two GEMM operands
         bound = [(i, self.weight_layer_of(t)) for i, t in enumerate(tensors)]
         bound = [(i, layer) for i, layer in bound if layer is not None]
@@ -370,6 +389,7 @@ class Watcher(TorchDispatchMode):
             if layer is None:
                 return
         other = tensors[1 - slot]
+        self.layers.output_views.setdefault(self.view_key(out), layer)
         self.layers.set_input_shape(layer, tuple(other.shape))
         view = self.root_view(other)
         self.layers.add_input(layer, self.key(other), view, fingerprint(other) if view == self.view_key(other) else None)

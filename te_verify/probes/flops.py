@@ -65,11 +65,15 @@ class RawGemm:
     # The two operands as views (storage key, offset, numel), and those of them that are a layer's weight.
     views: tuple
     weight_views: tuple = ()
+    # Every layer whose forward input (as a view) is an operand: several where sites share an input.
+    input_layers: frozenset = frozenset()
+    # The GEMM's output as a view (a dgrad's output is the gradient of the layers feeding that layer).
+    out_view: tuple = ()
 
 
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tuple, out: torch.Tensor) -> RawGemm:
     weight_layer = None
-    input_layers, weight_views = set(), []
+    input_layers, weight_views, shared = set(), [], frozenset()
     operands = [t for t in args[-2:] if isinstance(t, torch.Tensor)]  # every GEMM op's last two positional args
     for t in operands:
         root = watcher.root_view(t)
@@ -80,6 +84,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tu
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         data = dispatch.fingerprint(t) if phase != "forward" and root == watcher.view_key(t) else None
         input_layers.add(watcher.layers.layer_of_input_view(root, data))
+        shared |= watcher.layers.layers_of_input_view(root, data)
     input_layers.discard(None)
     input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell
     shape = tuple(out.shape)
@@ -87,7 +92,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tu
     # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
     flops = 2 * args[-2].shape[-1] * math.prod(shape)
     return RawGemm(phase, pass_index, func, shape, flops, weight_layer, input_layer,
-                   tuple(watcher.root_view(t) for t in operands), tuple(weight_views))
+                   tuple(watcher.root_view(t) for t in operands), tuple(weight_views), shared, watcher.view_key(out))
 
 
 def _by_shape(layers: LayerMap, shape: tuple[int, ...], rows: frozenset = frozenset()) -> tuple[str, int | None]:
@@ -104,22 +109,31 @@ def _by_shape(layers: LayerMap, shape: tuple[int, ...], rows: frozenset = frozen
     return "unknown", None
 
 
-def _wgrad_layer(raw: RawGemm, grad_layers: dict) -> int | None:
-    """The layer both signals agree on: the forward input among the operands, and the output gradient shared with
-    that layer's dgrad; None when they disagree (compilers reuse buffers) or neither is known."""
-    by_grad = {grad_layers[v] for v in raw.views if v in grad_layers}
-    candidates = {raw.input_layer} | by_grad if raw.input_layer is not None else by_grad
+def _wgrad_layer(raw: RawGemm, grad_layers: dict, layers: LayerMap) -> int | None:
+    """The one layer every known signal allows: layers whose forward input is an operand; layers whose output
+    gradient is an operand (the one their dgrad consumed, or one a dgrad produced for the layer they feed); layers
+    whose weight has the output's shape where sites share an input. None when the signals disagree (compilers
+    reuse buffers) or leave several."""
+    by_grad = set().union(*(grad_layers[v] for v in raw.views if v in grad_layers))
+    by_input = {raw.input_layer} if raw.input_layer is not None else set(raw.input_layers)
+    signals = [s for s in (by_input, by_grad) if s]
+    if len(by_input) > 1:
+        signals.append({i for i in by_input if layers.weight_shapes[i] in (raw.shape, tuple(reversed(raw.shape)))})
+    candidates = set.intersection(*signals) if signals else set()
     return candidates.pop() if len(candidates) == 1 else None
 
 
 def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
     """(role, layer) of every GEMM, by the rules in the module docstring."""
-    grad_layers: dict = {}  # a dgrad's gradient operand (view) -> its layer
+    grad_layers: dict = {}  # an output gradient (view) -> the layers it is the gradient of
     for r in raws:
         if r.phase != "forward" and r.weight_layer is not None:
             for view in r.views:
                 if view not in r.weight_views:  # the output gradient the dgrad consumed
-                    grad_layers.setdefault(view, r.weight_layer)
+                    grad_layers.setdefault(view, {r.weight_layer})
+            feeders = layers.feeders(r.weight_layer)
+            if feeders:  # its result is the output gradient of the layers feeding it
+                grad_layers.setdefault(r.out_view, set(feeders))
     rows = frozenset(r.shape[0] for r in raws if r.phase == "forward" and len(r.shape) == 2)
     events = []
     for r in raws:
@@ -127,8 +141,8 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
             role, layer = "fprop", r.weight_layer
         elif r.weight_layer is not None:
             role, layer = "dgrad", r.weight_layer
-        elif r.input_layer is not None or any(v in grad_layers for v in r.views):
-            role, layer = "wgrad", _wgrad_layer(r, grad_layers)
+        elif r.input_layers or any(v in grad_layers for v in r.views):
+            role, layer = "wgrad", _wgrad_layer(r, grad_layers, layers)
         else:
             role, layer = _by_shape(layers, r.shape, rows)
         events.append(GemmEvent(r.phase, r.pass_index, role, layer, str(r.op), r.shape, r.flops))

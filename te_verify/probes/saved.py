@@ -62,12 +62,17 @@ class SavedAttribution:
     nbytes: int
     # Shape of (the first tensor saved from) the storage.
     shape: tuple[int, ...]
+    # Every layer it is the forward input of, when several share it (a model family's q, k and v).
+    shared_by: frozenset = frozenset()
 
 
 def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
     layer = layers.layer_of_input(item.key)
     if layer is not None:
         return SavedAttribution("input", layer, item.storage_bytes, item.shape)
+    shared = layers.input_key_sets.get(item.key, frozenset())
+    if shared:
+        return SavedAttribution("input", None, item.storage_bytes, item.shape, shared)
     if item.root and item.root[0] != item.key:  # a copy: its source names it
         layer = layers.layer_of_weight(item.root[0])
         if layer is not None:
@@ -77,6 +82,9 @@ def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
             layer = layers.layer_of_input(item.root[0])
         if layer is not None:
             return SavedAttribution("input_copy", layer, item.storage_bytes, item.shape)
+        shared = layers.layers_of_input_view(item.root) or layers.input_key_sets.get(item.root[0], frozenset())
+        if shared:
+            return SavedAttribution("input_copy", None, item.storage_bytes, item.shape, shared)
     wanted = {item.shape, tuple(reversed(item.shape))}
     if any(s in wanted for s in layers.weight_shapes):
         layer = layers.unique_layer(layers.weight_shapes, item.shape, transposed_too=True)

@@ -1,0 +1,95 @@
+"""Linear sites of any model, read from its module graph (torch.fx) and which values need a gradient.
+
+The oracle's rules hold per linear site whatever surrounds it: fprop always; dgrad iff the site's input needs a
+gradient; wgrad iff its weight is trainable; its input saved iff wgrad is needed. What a stack index said for
+the linear stack, the graph says here: a value needs a gradient iff the model input does and reaches it, or a
+trainable parameter (of a linear, a norm, an embedding) is upstream of it. Propagated over the traced graph:
+- placeholder: the spec's input_requires_grad; get_attr: the parameter's requires_grad;
+- a leaf module call (Linear, Embedding, TE's Linear): any input needs grad, or one of its parameters trains;
+- any other call: any tensor argument needs grad.
+Sites are numbered in the model's module order, the order the probes bind weights in, and named by their
+qualified module names. Rows come from the shapes (fx's ShapeProp on the real input).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.shape_prop import ShapeProp
+
+
+@dataclass(frozen=True)
+class GraphSite:
+    """One linear module call in the traced graph."""
+
+    # Qualified module name, e.g. "blocks.0.attn.q.lora_a".
+    name: str
+    # Position among the model's linear modules (module order): the probes' layer index.
+    index: int
+    rows: int
+    fan_in: int
+    fan_out: int
+    weight_trainable: bool
+    bias_trainable: bool
+    input_needs_grad: bool
+    # The fx node its input is: sites fed the same value share one saved input.
+    input_node: str
+    # True when that value is the model input itself (saving it is no new allocation).
+    input_is_model_input: bool
+
+
+def is_linear(module: torch.nn.Module) -> bool:
+    """torch.nn.Linear or TE's Linear (a module with a 2-D weight named like TE's)."""
+    return isinstance(module, torch.nn.Linear) or type(module).__module__.startswith("transformer_engine") and \
+        type(module).__name__ == "Linear"
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        return is_linear(m) or super().is_leaf_module(m, qualname)
+
+
+def _trains(module: torch.nn.Module, name: str) -> bool:
+    p = getattr(module, name, None)
+    return isinstance(p, torch.Tensor) and p.requires_grad
+
+
+def _needs(arg: Any, needs: dict[str, bool]) -> bool:
+    found = []
+    torch.fx.map_arg(arg, lambda n: found.append(needs.get(n.name, False)))
+    return any(found)
+
+
+def graph_sites(model: torch.nn.Module, example_input: torch.Tensor) -> list[GraphSite]:
+    """Every linear site of `model` (freezing as it stands) called on `example_input`, in module order."""
+    graph_module = torch.fx.GraphModule(model, _Tracer().trace(model))
+    ShapeProp(graph_module).propagate(example_input.detach())
+    modules = dict(model.named_modules())
+    order = {name: k for k, name in enumerate(n for n, m in modules.items() if is_linear(m))}
+    needs: dict[str, bool] = {}
+    found = []
+    for node in graph_module.graph.nodes:
+        if node.op == "placeholder":
+            needs[node.name] = example_input.requires_grad
+        elif node.op == "get_attr":
+            needs[node.name] = bool(graph_module.get_parameter(node.target).requires_grad)
+        elif node.op == "call_module":
+            module = modules[node.target]
+            upstream = _needs(node.args, needs)
+            needs[node.name] = upstream or any(p.requires_grad for p in module.parameters())
+            if is_linear(module):
+                found.append(_site(node, module, order[node.target], upstream))
+        else:
+            needs[node.name] = _needs((node.args, node.kwargs), needs)
+    return sorted(found, key=lambda s: s.index)
+
+
+def _site(node: torch.fx.Node, module: torch.nn.Module, index: int, upstream: bool) -> GraphSite:
+    source = node.args[0]
+    shape = source.meta["tensor_meta"].shape
+    return GraphSite(node.target, index, math.prod(shape[:-1]), module.in_features, module.out_features,
+                     _trains(module, "weight"), _trains(module, "bias"), upstream, source.name,
+                     source.op == "placeholder")
