@@ -1,4 +1,6 @@
-"""Nightly: hypothesis-drawn specs of any shape, mask, dtype, replay count and freeze timing.
+"""Nightly: hypothesis-drawn specs of any shape, mask, dtype, replay count and freeze timing; and Llama-family
+specs of any block count, LoRA targets, rank, frozen stages, dtype and replays (a fifth of the examples: a
+compiled block costs seconds where a linear stack costs milliseconds).
 
 Shrinks to the smallest failing spec; runs only in the nightly tier (`--max-examples` per backend). The draws are
 seeded by the UTC date (or --hypothesis-seed), with no example database: runs on one day give the same verdicts,
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from te_verify.caserun import CaseRun
 from te_verify.matrix import case_specs
+from te_verify.matrix_models import model_case_specs
 from te_verify.plugin import known_gap
 
 FAMILY = "generated"
@@ -23,14 +26,22 @@ def SPECS(tier: str) -> list:
 
 
 def test_generated(lane_backend, request):
+    check_drawn(lane_backend, request, case_specs(), request.config.getoption("max_examples"))
+
+
+def test_generated_models(lane_backend, request):
+    check_drawn(lane_backend, request, model_case_specs(), max(1, request.config.getoption("max_examples") // 5))
+
+
+def check_drawn(lane_backend, request, specs, examples: int) -> None:
+    """Verify `examples` specs drawn from `specs` on the backend; a drawn spec failing as a recorded gap passes."""
     if request.config.getoption("tier") != "nightly":
         pytest.skip("hypothesis-drawn cases run in the nightly tier")
     name, backend = lane_backend
 
     @seed(nightly_seed(request.config))
-    @settings(max_examples=request.config.getoption("max_examples"), deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(spec=case_specs())
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(spec=specs)
     def check(spec):
         try:
             CaseRun(spec, name, backend).verify()

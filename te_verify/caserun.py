@@ -52,6 +52,9 @@ class CaseRun:
         waste checks (FLOPs and GEMMs by role, saved-for-backward bytes, peak) against the oracle."""
         family = self.spec.model is not None  # its checks judge what is not a linear site against eager's run
         ref = run_case(self.spec, EagerBackend(), default_probes("eager", True) if family else ())
+        if ref.error is not None and ref.error_pass == 0:  # the harness could not build or prepare the case
+            raise RuntimeError(f"{self.spec.id}: the eager reference raised before the measured forward: "
+                               f"{type(ref.error).__name__}: {ref.error}") from ref.error
         got = self.run(probes=default_probes(self.backend_name, family))
         self.figures.update(got.figures)
         tol = derived_tolerance(self.spec, ref, run_fp64_eager(self.spec)) if family else None

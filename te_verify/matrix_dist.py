@@ -11,7 +11,7 @@ reference, not looser numbers).
 from __future__ import annotations
 
 from te_verify.matrix import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, dedupe, named_masks
-from te_verify.spec import CaseSpec, DistConfig
+from te_verify.spec import PROJECTIONS, CaseSpec, DistConfig, ModelConfig
 
 WORLD_SIZE = 2
 MIDDLE = (False, True, False, False)  # a frozen middle layer: the reshard-timing case of seed 004
@@ -102,6 +102,51 @@ def thunder_fsdp_specs(tier: str) -> list[CaseSpec]:
     return dedupe([_spec("dist_thunder", "thunder_fsdp", m, True) for m in masks])
 
 
+LORA_QV = ("q", "v")
+
+
+def _lora_spec(wrapper: str, lora_on: tuple[str, ...], batch: tuple[int, int] = (2, 8), x_grad: bool = False,
+               options: tuple = (), timing: str = "before", blocks: int = 1) -> CaseSpec:
+    model = ModelConfig("llama", blocks=blocks, n_embd=32, n_head=4, intermediate=64, lora_on=lora_on)
+    return CaseSpec("dist_lora", (model.in_width, model.out_width), (), None, x_grad, batch, "fp32", 1, timing,
+                    dist=DistConfig(wrapper, WORLD_SIZE, tuple(sorted(options))), model=model)
+
+
+def dist_lora_specs(tier: str) -> list[CaseSpec]:
+    """LoRA Llama blocks (frozen base linears, trainable adapters and norms) under the wrappers, FSDP2 first.
+
+    One FSDP unit per block. Freezing after wrapping (by the parameters' pre-wrap names) runs on ddp (with
+    find_unused_parameters: DDP's buckets are fixed at construction) and fsdp2. "unfreeze_after" is left out: the
+    eager reference's runner.prepare_frozen calls unfreeze_all(model), which iterates a stack's layers and raises
+    on a family's model ("'Llama' object is not iterable"). fairscale is left out: with
+    flatten_parameters every unit needs uniform requires_grad (a LoRA block mixes them) and the fairscale wrapper
+    here keeps a stack's per-layer bookkeeping."""
+    check_tier(tier)
+    if tier == "smoke":
+        return [_lora_spec("fsdp2", LORA_QV, options=(("reshard_after_forward", True),)),
+                _lora_spec("ddp", LORA_QV)]
+    specs = []
+    for lora in (LORA_QV, PROJECTIONS):
+        for reshard in (True, False):
+            specs.append(_lora_spec("fsdp2", lora, options=(("reshard_after_forward", reshard),)))
+        specs.append(_lora_spec("fsdp2", lora, (4, 8), x_grad=True))
+        specs.append(_lora_spec("ddp", lora))
+        specs.append(_lora_spec("fsdp", lora, options=(("sharding", "FULL_SHARD"),)))
+    specs.append(_lora_spec("ddp", LORA_QV, (4, 8), x_grad=True))
+    specs.append(_lora_spec("fsdp", LORA_QV, options=(("sharding", "SHARD_GRAD_OP"),)))
+    specs.append(_lora_spec("fsdp2", LORA_QV, timing="after"))
+    specs.append(_lora_spec("ddp", LORA_QV, timing="after", options=(("find_unused_parameters", True),)))
+    specs.append(_lora_spec("thunder_ddp", LORA_QV))
+    specs.append(_lora_spec("thunder_fsdp", LORA_QV))
+    if tier == "nightly":
+        for wrapper in ("ddp", "fsdp", "fsdp2", "thunder_ddp", "thunder_fsdp"):
+            specs.append(_lora_spec(wrapper, PROJECTIONS, (4, 8), x_grad=True, blocks=2))
+        specs.append(_lora_spec("thunder_ddp", PROJECTIONS))
+        specs.append(_lora_spec("fsdp", LORA_QV, options=(("sharding", "NO_SHARD"),)))
+        specs.append(_lora_spec("thunder_fsdp", PROJECTIONS, (4, 8), x_grad=True))
+    return dedupe(specs)
+
+
 FAMILIES = {
     "dist_ddp": ddp_specs,
     "dist_fsdp": fsdp_specs,
@@ -109,6 +154,7 @@ FAMILIES = {
     "dist_fairscale": fairscale_specs,
     "dist_thunder_ddp": thunder_ddp_specs,
     "dist_thunder_fsdp": thunder_fsdp_specs,
+    "dist_lora": dist_lora_specs,
 }
 
 

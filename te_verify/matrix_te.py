@@ -7,7 +7,7 @@ all 16 masks of 4 layers, alternating, prefix/suffix, and the non-square 32->64-
 from __future__ import annotations
 
 from te_verify.matrix import all_masks, check_tier, dedupe, named_masks
-from te_verify.spec import CaseSpec, TEConfig
+from te_verify.spec import CaseSpec, ModelConfig, TEConfig
 
 NON_SQUARE4 = (32, 64, 128, 64, 32)
 SQUARE4 = (32, 32, 32, 32, 32)
@@ -114,5 +114,34 @@ def moe_specs(tier: str) -> list[CaseSpec]:
                    for f in frozen for rec in recipes for module in modules for x in xs])
 
 
+LORA_TARGETS = {"qv": ("q", "v"), "attn": ("q", "k", "v", "o"), "mlp": ("fc_1", "fc_2", "proj"),
+                "all": ("q", "k", "v", "o", "fc_1", "fc_2", "proj")}
+
+
+def _lora(targets: str, x_grad: bool, dtype: str, recipe: str | None = None, blocks: int = 1,
+          seed: int = 0) -> CaseSpec:
+    model = ModelConfig(blocks=blocks, lora_on=LORA_TARGETS[targets], te_base=True)
+    return CaseSpec("te_lora", (model.in_width, model.out_width), (), None, x_grad, (2, 8), dtype, model=model,
+                    te=TEConfig(recipe=recipe), seed=seed)
+
+
+def te_lora_specs(tier: str) -> list[CaseSpec]:
+    """LoRA over TE Linear (issue 12): Llama blocks whose adapters' bases are TE Linears (frozen), the adapters torch
+    Linears; high precision in fp32 and bf16, and FP8 (delayed, current scaling) in fp32. One backward pass: TE frees its saved state in the first backward
+    (TE issue 990), so replays are the te_replay family's."""
+    check_tier(tier)
+    if tier == "smoke":
+        return [_lora("qv", True, "fp32"), _lora("all", False, "bf16")]
+    specs = [_lora(t, x, d) for t in LORA_TARGETS for x in (True, False) for d in ("fp32", "bf16")
+             if d == "fp32" or t in ("qv", "all")]
+    specs += [_lora("qv", True, "fp32", "delayed"), _lora("all", True, "fp32", "current")]
+    if tier == "nightly":
+        specs += [_lora(t, x, "fp32", r) for t in LORA_TARGETS for x in (True, False) for r in RECIPES]
+        specs += [_lora(t, x, d, blocks=2) for t in ("qv", "all") for x in (True, False) for d in ("fp32", "bf16")]
+        specs += [_lora(t, x, d, seed=1) for t in LORA_TARGETS for x in (True, False) for d in ("fp32", "bf16")]
+    return dedupe(specs)
+
+
 FAMILIES = {"te_fp8": fp8_specs, "te_peft": peft_specs, "te_replay": replay_specs,
-            "te_contract": contract_specs, "te_delayed": delayed_specs, "te_moe": moe_specs}
+            "te_contract": contract_specs, "te_delayed": delayed_specs, "te_moe": moe_specs,
+            "te_lora": te_lora_specs}

@@ -29,7 +29,7 @@ def prepare_frozen(backend: Backend, model: torch.nn.Module, spec: CaseSpec):
     if spec.freeze_timing == "after":
         freeze(model, spec)
     elif spec.freeze_timing == "unfreeze_after":
-        unfreeze_all(model)
+        unfreeze_all([model])
     return fn
 
 
@@ -115,7 +115,7 @@ def run_fp64_eager(spec: CaseSpec) -> Record:
     model = build_model(spec).double()
     freeze(model, spec)
     inputs = make_inputs(spec)
-    x = inputs.x.double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x
+    x = inputs.x.detach().double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x
     run_prepared(model, model, CaseInputs(x, inputs.grad_output.double()), spec, record)
     return record
 

@@ -84,3 +84,31 @@ def ddp_extra_gemm(model, spec) -> Wrapped:
         return inner(x)
 
     return _with_forward(wrapped, forward)
+
+
+def fsdp2_training_frozen_base(model, spec) -> Wrapped:
+    """FSDP2 that leaves the LoRA q projection's base weight trainable (PEFT freezes it): it computes that weight's
+    gradient, reduce-scatters it and leaves it in .grad."""
+    model.blocks[0].attn.q.base.weight.requires_grad_(True)
+    return wrap_fsdp2(model, spec)
+
+
+def ddp_reducing_frozen_base(model, spec) -> Wrapped:
+    """DDP that, at the end of backward, also all-reduces a zero gradient for every frozen parameter (the LoRA
+    base weights): gradients stay exact, the communication does not."""
+    import torch.distributed as dist
+
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+
+    def reduce_frozen() -> None:
+        for p in frozen:
+            dist.all_reduce(torch.zeros_like(p))
+
+    def forward(x):
+        out = inner(x)
+        out.register_hook(lambda g: torch.autograd.Variable._execution_engine.queue_callback(reduce_frozen))
+        return out
+
+    return _with_forward(wrapped, forward)

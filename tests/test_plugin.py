@@ -120,7 +120,8 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
     (folder / "planted_wrong_output.toml").write_text(
         f'[[xfail]]\nglob = "*"\nfamily = "generated"\nreason = "planted"\nlink = "https://example.org/planted"\n'
         f'failure = "{failure}"\n')
-    proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "planted_backends:WrongOutput",
+    proc = run_pytest("cases/test_generated.py::test_generated", "--tier", "nightly",
+                      "--backend", "planted_backends:WrongOutput",
                       "--max-examples", "5", "--hypothesis-seed", "1", "--expectations", str(folder),
                       "--report-dir", str(tmp_path / "report"))
     (row,) = json.loads((tmp_path / "report" / "results.json").read_text())["rows"]

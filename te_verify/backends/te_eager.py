@@ -5,7 +5,9 @@ Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear pe
 (te.GroupedLinear with one group per layer), "ops_linear" (te.ops.Linear), "ops_grouped_linear"
 (te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers). With
 spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
-(grad_added_to_main_grad) the Megatron flag. TE's modules are made on the run's device (te_verify.device), like
+(grad_added_to_main_grad) the Megatron flag. A model family with LoRA over TE (spec.model.te_base) keeps its
+modules and turns every adapter's base torch Linear into a TE Linear holding the same Parameter (TEFamily), so the
+torch reference and the TE run start bit-identical; the adapters stay torch Linears. TE's modules are made on the run's device (te_verify.device), like
 the model whose Parameters they hold; an implementation that cannot run there skips with its reason.
 """
 from __future__ import annotations
@@ -169,6 +171,34 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
     return [kind.build(api, [l for _, l in group], te, dtype, "+".join(n for n, _ in group)) for group in groups]
 
 
+def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> list[str]:
+    """Every LoRA adapter's base (a torch Linear) replaced in place by a TE Linear of `api` holding its Parameters;
+    returns the bases' qualified names (their TE modules are named so)."""
+    from te_verify.models.lora import LoRALinear
+
+    te = spec.te or TEConfig()
+    converted = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear) and isinstance(module.base, torch.nn.Linear):
+            base = module.base
+            module.base = _linear(api, [base], te, base.weight.dtype, f"{name}.base")
+            converted.append(f"{name}.base")
+    return converted
+
+
+class TEFamily(torch.nn.Module):
+    """A model family whose adapters' bases are TE Linears, called under TE's autocast with the recipe (outside
+    autocast without one)."""
+
+    def __init__(self, model: torch.nn.Module, api: SimpleNamespace, recipe, te_sites: list[str]) -> None:
+        super().__init__()
+        self.model, self.api, self.recipe, self.te_sites = model, api, recipe, te_sites
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.api.autocast(enabled=True, recipe=self.recipe) if self.recipe else contextlib.nullcontext():
+            return self.model(x)
+
+
 class TEEagerBackend:
     """TE modules of the active --te-impl (te_api.active()), eager."""
 
@@ -189,6 +219,9 @@ class TEEagerBackend:
         """Why this backend cannot run `spec` here (None if it can)."""
         te = spec.te or TEConfig()
         kind = KINDS[te.module]
+        if spec.model is not None and (te.module != "linear" or te.main_grad or te.delay_wgrad or te.tied
+                                       or te.experts > 1 or te.microbatches > 1):
+            return f"a model family runs its adapters' bases as plain TE Linears, not {te.tag}"
         if getattr(self.impl.api, kind.needs) is None:
             return f"--te-impl {self.impl.name} serves no {kind.needs} (module kind {te.module})"
         if spec.n_layers % kind.layers:
@@ -203,6 +236,8 @@ class TEEagerBackend:
         if te.main_grad:
             attach_main_grad(model, te)
         recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
+        if spec.model is not None:
+            return TEFamily(model, api, recipe, convert_family(model, spec, api))
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)
 
 

@@ -67,8 +67,29 @@ def gradient_volume(case_id: str, backend: str, calls: list[tuple[str, int, str]
                        f"parameters ({', '.join(p.name for p in trainable)}) need {required} B: some were not reduced",
                        figures)
     if actual > required + slack:
-        frozen = [p.name for p in params if not p.trainable]
+        frozen = [p for p in params if not p.trainable]
         return Verdict("gradient_volume", False, f"{head}: backward reduced {actual} B of gradients, the trainable "
                        f"parameters need {required} B (+{slack} B padding at most): frozen parameters "
-                       f"({', '.join(frozen) or 'none'}) were communicated", figures)
+                       f"({', '.join(p.name for p in frozen) or 'none'}) were communicated"
+                       + explain_surplus(frozen, actual - required, slack), figures)
     return Verdict("gradient_volume", True, figures=figures)
+
+
+def explain_surplus(frozen: list[ParamInfo], surplus: int, slack: int) -> str:
+    """Which frozen parameters' bytes the surplus equals (within the padding bound), in module order: the first
+    matching set, and the frozen parameters of the same sizes it cannot be told from (not tried past 24 of them:
+    the search is over subsets)."""
+    if len(frozen) > 24:
+        return ""
+    reach: dict[int, tuple[ParamInfo, ...]] = {0: ()}
+    for p in frozen:
+        for total, chosen in list(reach.items()):
+            if total + p.nbytes <= surplus:
+                reach.setdefault(total + p.nbytes, chosen + (p,))
+    match = next((reach[t] for t in sorted(reach, reverse=True) if t and surplus - slack <= t), None)
+    if match is None:
+        return f"; the surplus of {surplus} B matches no set of frozen parameters"
+    sizes = {p.nbytes for p in match}
+    alike = [p.name for p in frozen if p.nbytes in sizes and p not in match]
+    return (f"; the surplus of {surplus} B is the size of {', '.join(p.name for p in match)}"
+            + (f" (or of same-sized {', '.join(alike)})" if alike else ""))

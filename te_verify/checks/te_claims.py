@@ -7,6 +7,7 @@ as unclaimed, with thunder's own reason (its warning), never counted as a TE pas
 from __future__ import annotations
 
 from te_verify.record import Record
+from te_verify.oracle import sites
 from te_verify.spec import CaseSpec
 
 
@@ -23,5 +24,6 @@ def unclaimed_reason(spec: CaseSpec, record: Record) -> str | None:
     if claimed is None or claimed or record.output is None:
         return None
     why = thunder_reason(record)
-    return (f"thunder's TE executor claimed none of the {spec.n_layers} linears (no TE GEMM ran); the run used "
+    linears = f"{len(sites(spec))} linear sites" if spec.model is not None else f"{spec.n_layers} linears"
+    return (f"thunder's TE executor claimed none of the {linears} (no TE GEMM ran); the run used "
             f"thunder's other executors, so it is not a TE result" + (f"; thunder: {why}" if why else ""))

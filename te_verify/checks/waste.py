@@ -90,6 +90,18 @@ def _compare(where: str, want: Counter, got: Counter, label) -> tuple[list[str],
     return problems, notes
 
 
+def _swapped(spec: CaseSpec, want: Counter, got: Counter) -> str:
+    """Names of same-shaped sites where one has a GEMM too many and another one too few of the same role (an
+    attribution by data flow that a reused buffer misled, not work): '' when there are none."""
+    shape = {s.layer: (s.fan_in, s.fan_out) for s in sites(spec)}
+    over = [k for k in got if k[0] is not None and got[k] > want[k]]
+    under = [k for k in want if got[k] < want[k]]
+    pairs = [(a, b) for a in over for b in under if a[1] == b[1] and shape.get(a[0]) == shape.get(b[0])]
+    if not pairs or len(pairs) < len(over):
+        return ""
+    return "sites " + ", ".join(sorted({site_name(spec, layer).split(" ", 1)[1] for p in pairs for layer, _ in p}))
+
+
 def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
     """(surplus GEMMs, notes): by (layer, role) in the forward and each backward pass; a pass with GEMMs no layer
     can be named for (identity and shapes both lost) is judged by role counts, with a note."""
@@ -102,8 +114,11 @@ def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
         got = Counter((e.layer, e.role) for e in events if e.pass_index == k)
         where = "forward" if k == 0 else f"backward pass {k}"
         unattributed = sum(n for (layer, _), n in got.items() if layer is None)
-        if unattributed:
-            notes.append(f"{where}: {unattributed} GEMM(s) not attributable to a layer; judged by role and FLOPs")
+        swapped = _swapped(spec, want, got)
+        if unattributed or swapped:
+            notes.append(f"{where}: {unattributed} GEMM(s) not attributable to a layer; judged by role and FLOPs"
+                         if unattributed else f"{where}: GEMMs of same-shaped {swapped} told apart by data flow "
+                         "disagree with the required ones (a compiler reused a buffer); judged by role and FLOPs")
             found = _compare(where, _by_role(want), _by_role(got), lambda role: "all layers")
         else:
             found = _compare(where, want, got, lambda key: _layer_label(spec, *key))

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
-from te_verify.distributed.wrappers import Wrapped, WrapperError, wrap
-from te_verify.models import build_model, make_inputs, set_frozen, unfreeze_all
+from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
+from te_verify.models import FAMILIES, build_model, freeze, make_inputs, set_frozen, unfreeze_all
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
 from te_verify.probes.saved import SavedTensorsProbe
@@ -43,7 +43,7 @@ class RankOutcome:
 
     # The rank.
     rank: int
-    # Full gradients by "<layer>.<weight|bias>" (None where the gradient is None).
+    # Full gradients by qualified parameter name, "<layer>.<weight|bias>" for a stack (None where it is None).
     grads: dict[str, torch.Tensor | None]
     # Full gradient of the global input, gathered from every rank's shard (None if the input needs none).
     input_grad: torch.Tensor | None
@@ -63,14 +63,27 @@ class RankOutcome:
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
     """Build, freeze before or after wrapping as the spec says, wrap."""
     model = build_model(spec)
+    slots = param_slots(model)  # taken before wrapping: freezing after it reaches the wrapper's parameters by name
     if spec.freeze_timing in ("before", "unfreeze_after"):
-        set_frozen(model, spec.weight_frozen, spec.bias_frozen)
+        freeze(model, spec)
     wrapped = wrap_fn(model, spec)
-    if spec.freeze_timing == "after":
-        set_frozen(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
-    elif spec.freeze_timing == "unfreeze_after":
-        unfreeze_all(wrapped.layers)
+    wrapped.model = model
+    if spec.model is None:
+        if spec.freeze_timing == "after":
+            set_frozen(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
+        elif spec.freeze_timing == "unfreeze_after":
+            unfreeze_all(wrapped.layers)
+    elif spec.freeze_timing != "before":
+        freeze_slots(slots, spec)
     return wrapped
+
+
+def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:
+    """A model family's freezing after wrapping, by the qualified names the parameters had before it: "after"
+    applies the family's rule, "unfreeze_after" makes every parameter trainable."""
+    trainable = FAMILIES[spec.model.kind].trainable
+    for name, module, attr in slots:
+        getattr(module, attr).requires_grad_(spec.freeze_timing == "unfreeze_after" or trainable(name, spec.model))
 
 
 def shard(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -142,7 +155,14 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
 
 def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:
     """The waste probes of the single-process lanes, bound to the wrapped layers (their weights name the layers;
-    a sharded wrapper's unsharded copies are matched to them, see probes.dispatch)."""
-    gemms = GemmProbe()
-    gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
+    a sharded wrapper's unsharded copies are matched to them, see probes.dispatch). A model family's probe binds
+    every linear of the unwrapped model in module order (the oracle's sites) and follows copies, as the torch
+    lane's family runs do."""
+    if spec.model is None:
+        gemms = GemmProbe()
+        gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
+    else:
+        gemms = GemmProbe(follow_copies=True)
+        linears = [m for m in wrapped.model.modules() if isinstance(m, nn.Linear)]
+        gemms.bind(wrapped.model, [(m.out_features, m.in_features) for m in linears])
     return [gemms, SavedTensorsProbe(), PeakMemoryProbe()]

@@ -28,8 +28,10 @@ def wrap_thunder_dist(model: nn.Sequential, spec: CaseSpec, opts: dict):
     thunder = import_thunder()
     import thunder.distributed as tdist
 
-    layers = list(model)
-    shapes = {f"{i}.{n}": p.shape for i, layer in enumerate(layers) for n, p in layer.named_parameters(recurse=False)}
+    from te_verify.distributed.wrappers import units_of
+
+    layers = units_of(model, spec)
+    shapes = {n: p.shape for n, p in model.named_parameters()}  # qualified names ("<layer>.<name>" for a stack)
     jitted = thunder.jit(model)
     if spec.dist.wrapper == "thunder_ddp":
         unknown = set(opts) - {"bucket_size_in_mb"}

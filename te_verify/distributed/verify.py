@@ -1,23 +1,30 @@
 """Caller side of a distributed case: run it on the pool, build records, apply the distributed checks."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
+
+import torch
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, gradient_volume
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
-from te_verify.checks.tolerances import tolerance_for
-from te_verify.checks.verdict import Verdict
-from te_verify.checks.waste import flops_verdict, saved_verdict
+from te_verify.checks.family_waste import _saved_verdict as family_saved, outside_sites
+from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
+from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
 from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
 from te_verify.distributed.pool import PoolResult, RankPool
-from te_verify.models import build_model
-from te_verify.oracle import BYTES_PER_ELEMENT, input_needs_grad, trainable_masks
+from te_verify.distributed.wrappers import units_of
+from te_verify.models import CPU, build_model, freeze, unfreeze_all
+from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad,
+                              required_flops, trainable_masks)
+from te_verify.probes import default_probes
 from te_verify.record import INPUT_GRAD, Record
-from te_verify.runner import run_case
+from te_verify.runner import run_case, run_fp64_eager
 from te_verify.spec import CaseSpec
 
 RESHARD_DEFAULTS = {"fsdp2": True, "fairscale_fsdp": True, "thunder_fsdp": True}
@@ -32,7 +39,22 @@ def reshards_after_forward(spec: CaseSpec) -> bool:
     return bool(opts.get("reshard_after_forward", RESHARD_DEFAULTS.get(spec.dist.wrapper, False)))
 
 
+def frozen_model(spec: CaseSpec) -> torch.nn.Module:
+    """The spec's model on the host with requires_grad as in force when backward runs."""
+    model = build_model(spec, CPU)
+    if spec.freeze_timing == "unfreeze_after":
+        unfreeze_all([model])
+    else:
+        freeze(model, spec)
+    return model
+
+
 def param_infos(spec: CaseSpec) -> list[ParamInfo]:
+    """Every parameter with its trainability at backward: a stack's from its masks, a model family's from the
+    family's freezing rule (by qualified name: LoRA's base weights frozen, adapters and norms trainable)."""
+    if spec.model is not None:
+        return [ParamInfo(name, tuple(p.shape), p.element_size(), p.requires_grad)
+                for name, p in frozen_model(spec).named_parameters()]
     weights, biases = trainable_masks(spec)
     out = []
     for k, layer in enumerate(build_model(spec)):
@@ -43,6 +65,17 @@ def param_infos(spec: CaseSpec) -> list[ParamInfo]:
 
 
 def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
+    """Per unit the wrapper wraps: its bytes, whether it trains, whether its input needs a gradient. A family's
+    units are its blocks, run in sequence: a block's input needs grad iff the model input does or an earlier
+    block trains."""
+    if spec.model is not None:
+        infos, upstream = [], spec.input_requires_grad
+        for unit in units_of(frozen_model(spec), spec):
+            ps = list(unit.parameters())
+            trains = any(p.requires_grad for p in ps)
+            infos.append(LayerInfo(sum(p.numel() * p.element_size() for p in ps), trains, upstream))
+            upstream = upstream or trains
+        return infos
     weights, biases = trainable_masks(spec)
     layer_bytes = [sum(p.nbytes for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
     return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs)
@@ -65,8 +98,9 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
 
 
 def local_spec(spec: CaseSpec) -> CaseSpec:
-    """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank)."""
-    return spec.replace(batch_shape=(spec.batch_shape[0] // spec.dist.world_size, *spec.batch_shape[1:]))
+    """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank), single-process (a
+    shard need not split over the ranks again)."""
+    return spec.replace(batch_shape=(spec.batch_shape[0] // spec.dist.world_size, *spec.batch_shape[1:]), dist=None)
 
 
 def gathered_weight_allowance(spec: CaseSpec) -> int:
@@ -83,10 +117,72 @@ def rank_waste(spec: CaseSpec, ranks: list[Record]) -> list[Verdict]:
     backend, local = spec.dist.wrapper, local_spec(spec)
     done = [(rank, record) for rank, record in enumerate(ranks) if record.error is None and record.grads]
     label = lambda rank: f"{spec.id} [{backend} rank {rank}, its shard {local.batch_shape}]"
+    if spec.model is not None:
+        return family_rank_waste(spec, local, done, label)
     flops = [flops_verdict(local, record, backend, label(rank)) for rank, record in done]
     saved = [saved_verdict(local, record, backend, label(rank), gathered_weight_allowance(spec))
              for rank, record in done]
     return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
+
+
+SHARDED = ("fsdp", "fsdp2", "fairscale_fsdp", "thunder_fsdp")
+
+
+def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Record]], label) -> list[Verdict]:
+    """A model family's ranks: the linear sites' GEMMs against the oracle of the shard (te_verify.graph_sites),
+    attention's batched GEMMs outside the rule (counted, not judged), as checks.family_waste does on the torch lane.
+
+    Unsharded wrappers (ddp, thunder_ddp) are judged per site and role. A sharded wrapper's backward multiplies
+    freshly gathered copies of the weights, which the probe cannot tie to one site where sites share a shape
+    (q/k/v/o; a LoRA A and B beside them) and the rows equal a fan: a dgrad there reads as a wgrad (measured on
+    fsdp2, llama1 d32, shard (1, 8)). Those are judged by FLOPs and by GEMMs per pass, which still catch any
+    extra GEMM (a frozen base weight's wgrad is one); the per-site attribution is a figure.
+
+    Saved-for-backward: checks.family_waste's per-site-value rule on every rank, against eager's probed run of the
+    rank's shard."""
+    flops = []
+    for rank, record in done:
+        events = record.observations.get("gemm_events", [])
+        inside = [e for e in events if not outside_sites(e)]
+        if spec.dist.wrapper in SHARDED:
+            verdict = gemm_count_verdict(local, inside, label(rank))
+        else:
+            verdict = flops_verdict(local, record, spec.dist.wrapper, label(rank), events=inside)
+            verdict.figures["gemm_roles_judged"] = True
+        verdict.figures.update(gemms_outside_sites=len(events) - len(inside),
+                               flops_outside_sites=sum(e.flops for e in events if outside_sites(e)))
+        flops.append(verdict)
+    eager = run_case(local, EagerBackend(), default_probes("eager", True))
+    saved = [family_saved_verdict(local, record, eager, spec.dist.wrapper, label(rank)) for rank, record in done]
+    return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
+
+
+def family_saved_verdict(local: CaseSpec, record: Record, eager: Record, backend: str, label: str) -> Verdict:
+    """checks.family_waste's saved rule on one rank: each site value a wgrad needs saved once, other site values
+    only where eager on the same shard saves them too; the rest recorded beside eager's bytes."""
+    verdict = family_saved(local, record, eager, backend)
+    if not verdict.ok:
+        verdict.message = f"{label}: " + verdict.message.split(": ", 1)[-1]
+    return verdict
+
+
+def gemm_count_verdict(local: CaseSpec, events: list, label: str) -> Verdict:
+    """FLOPs within the oracle's and, per pass, no more site GEMMs than it requires (roles not judged)."""
+    actual, required = sum(e.flops for e in events), required_flops(local)
+    want = {0: len(forward_gemms(local))}
+    want.update({k: len(backward_gemms(local)) if graph_exists(local) else 0 for k in range(1, local.replays + 1)})
+    got = Counter(e.pass_index for e in events)
+    problems = [f"{'forward' if k == 0 else f'backward pass {k}'}: {got[k]} site GEMMs, {want.get(k, 0)} required"
+                for k in sorted(set(got) | set(want)) if got[k] > want.get(k, 0)]
+    attributed = Counter((e.layer, e.role) for e in events)
+    figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required),
+               "gemm_roles_judged": False,
+               "gemm_attribution": "; ".join(f"{site_name(local, layer) if layer is not None else 'unattributed'} "
+                                             f"{role} x{n}" for (layer, role), n in sorted(attributed.items(), key=str))}
+    ok = actual <= required and not problems
+    message = "" if ok else (f"{label}: FLOPs {actual:,} vs {required:,} required (ratio {figures['flops_ratio']}); "
+                             + "; ".join(problems))
+    return Verdict("waste_flops", ok, message, figures)
 
 
 def merge_ranks(name: str, verdicts: list[Verdict]) -> Verdict:
@@ -106,8 +202,8 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     """Parity of gradients, outputs and parameters left behind on every rank; every rank's GEMMs, FLOPs and
     saved bytes against its shard's oracle; communication, reshard timing and gathered peak from rank 0's
     observations."""
-    backend, tol = spec.dist.wrapper, tolerance_for(spec, spec.dist.wrapper)
-    ref, ranks = run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
+    backend, ref, ranks = spec.dist.wrapper, run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
+    tol = dist_tolerance(spec, ref)
     verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol), dist_output_parity(spec.id, backend, ref, ranks, tol),
                 dist_state_left_behind(spec.id, backend, ref, ranks, tol)]
     outcome: RankOutcome | None = next((o for o in result.results if o is not None), None)
@@ -120,6 +216,14 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, reshards_after_forward(spec)))
     return verdicts
+
+
+def dist_tolerance(spec: CaseSpec, ref: Record) -> Tolerance:
+    """The dtype's table; a model family's atol derived from eager's deviation from fp64, as on the torch lane
+    (checks.tolerances.derived_tolerance): a sharded reduction reassociates softmax and norm sums too."""
+    if spec.model is None:
+        return tolerance_for(spec, spec.dist.wrapper)
+    return derived_tolerance(spec, ref, run_fp64_eager(spec))
 
 
 def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | None = None,

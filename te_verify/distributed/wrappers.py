@@ -1,8 +1,10 @@
 """Wrap a model per spec.dist: DDP, FSDP1, FSDP2, fairscale FSDP, thunder ddp/fsdp. Runs inside a rank.
 
-Every wrapper yields a `Wrapped`: the callable, the inner nn.Linear layers (hooks and freezing act on them),
-how to read full gradients after backward (gathered for sharded wrappers), and how many bytes of gathered
-(unsharded) parameter storage each layer holds right now -- the observation the reshard-timing check uses.
+Every wrapper yields a `Wrapped`: the callable, the units it wraps (a stack's nn.Linear layers; a model family's
+blocks -- sharded wrappers make one FSDP unit per unit, hooks and the timeline act on them), how to read full
+gradients after backward (gathered for sharded wrappers), by the parameters' qualified names in the unwrapped
+model, and how many bytes of gathered (unsharded) parameter storage each unit holds right now -- the observation
+the reshard-timing check uses.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ class Wrapped:
 
     # The callable under test: x -> output.
     module: Callable[[torch.Tensor], torch.Tensor]
-    # The inner nn.Linear layers in model order (the very modules the wrapper runs).
+    # The units in model order (the very modules the wrapper runs): a stack's nn.Linear layers, a family's blocks.
     layers: list[nn.Module]
-    # Full (unsharded) gradients by "<layer>.<weight|bias>"; may run collectives, so call after counting stops.
+    # Full (unsharded) gradients by qualified parameter name in the unwrapped model ("<layer>.<weight|bias>" for a
+    # stack, e.g. "blocks.0.attn.q.lora_a.weight" for a family); may run collectives, so call after counting stops.
     full_grads: Callable[[], dict[str, torch.Tensor | None]]
     # Full (unsharded) parameter values, keyed the same way: what the run left in the model.
     full_params: Callable[[], dict[str, torch.Tensor | None]]
@@ -39,20 +42,37 @@ class Wrapped:
     grad_divisor: float = 1.0
     # Anything the rank must keep alive for the case (meshes, process groups).
     keep: list = field(default_factory=list)
+    # The unwrapped model object (set by case_runner.prepare): its linears, in module order, are the oracle's sites.
+    model: nn.Module | None = None
+
+
+# A parameter's place, taken before wrapping: (qualified name, owning module, attribute). Reading the attribute
+# after wrapping reaches the wrapper's parameter (FSDP2's DTensor, FSDP1's use_orig_params view) by its old name.
+Slot = tuple[str, nn.Module, str]
+
+
+def param_slots(model: nn.Module) -> list[Slot]:
+    """Every parameter's slot, in module order (a stack: "<layer>.<weight|bias>")."""
+    return [(f"{prefix}.{attr}" if prefix else attr, module, attr)
+            for prefix, module in model.named_modules() for attr, _ in module.named_parameters(recurse=False)]
+
+
+def units_of(model: nn.Module, spec: CaseSpec) -> list[nn.Module]:
+    """What a wrapper wraps one by one: a stack's layers, a model family's blocks (run in sequence)."""
+    return list(model) if spec.model is None else list(model.blocks)
 
 
 def options(spec: CaseSpec) -> dict:
     return dict(spec.dist.options)
 
 
-def param_tensors(layers: list[nn.Module], of: Callable[[nn.Parameter], torch.Tensor | None]
+def param_tensors(slots: list[Slot], of: Callable[[nn.Parameter], torch.Tensor | None]
                   ) -> dict[str, torch.Tensor | None]:
-    """`of(parameter)` (its gradient, or itself) for every parameter, cloned, by "<layer>.<name>"."""
+    """`of(parameter)` (its gradient, or itself) for every parameter, cloned, by qualified name."""
     out = {}
-    for i, layer in enumerate(layers):
-        for name, p in layer.named_parameters(recurse=False):
-            t = of(p)
-            out[f"{i}.{name}"] = None if t is None else t.detach().clone()
+    for name, module, attr in slots:
+        t = of(getattr(module, attr))
+        out[name] = None if t is None else t.detach().clone()
     return out
 
 
@@ -77,10 +97,10 @@ def wrap_ddp(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     unknown = set(opts) - {"find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb"}
     if unknown:
         raise WrapperError(f"dist.options {sorted(unknown)}: not DDP options")
+    slots, layers = param_slots(model), units_of(model, spec)
     ddp = DDP(model, **opts)
     ddp.register_comm_hook(None, averaging_allreduce_hook)
-    layers = list(model)
-    return Wrapped(ddp, layers, lambda: param_tensors(layers, grad_of), lambda: param_tensors(layers, value_of),
+    return Wrapped(ddp, layers, lambda: param_tensors(slots, grad_of), lambda: param_tensors(slots, value_of),
                    lambda: [0] * len(layers), dist.get_world_size())
 
 
@@ -98,18 +118,19 @@ def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     strategy = opts.pop("sharding", "FULL_SHARD")
     if opts or strategy not in ShardingStrategy.__members__:
         raise WrapperError(f"dist.options {spec.dist.options!r}: FSDP1 takes sharding=FULL_SHARD|SHARD_GRAD_OP|NO_SHARD")
-    layers = list(model)
-    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=run_device.active(),
+    slots, layers = param_slots(model), units_of(model, spec)
+    # One FSDP unit per unit (a stack's nn.Linear layers, a family's blocks), as a user wraps a transformer.
+    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(u) for u in layers}), device_id=run_device.active(),
                 use_orig_params=True, sharding_strategy=ShardingStrategy[strategy])
     units = [m for m in fsdp.modules() if isinstance(m, FSDP) and m is not fsdp]
 
     def full_grads() -> dict:
         with FSDP.summon_full_params(fsdp, with_grads=True):
-            return param_tensors(layers, grad_of)
+            return param_tensors(slots, grad_of)
 
     def full_params() -> dict:
         with FSDP.summon_full_params(fsdp):
-            return param_tensors(layers, value_of)
+            return param_tensors(slots, value_of)
 
     def gathered() -> list[int]:
         return [storage_bytes(getattr(u._handle.flat_param, "_full_param_padded", None)) if u._handle else 0
@@ -128,7 +149,7 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
         raise WrapperError(f"dist.options {sorted(opts)}: FSDP2 takes reshard_after_forward only")
     # The rank's device type: a CUDA mesh with gloo on a GPU host segfaults (#132471), so --device cpu keeps a CPU one.
     mesh = init_device_mesh(run_device.active().type, (dist.get_world_size(),))
-    layers = list(model)
+    slots, layers = param_slots(model), units_of(model, spec)
     for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
@@ -143,13 +164,15 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
             sizes.append(sum(storage_bytes(t) for fp in group.fsdp_params for t in fp.all_gather_outputs))
         return sizes
 
-    return Wrapped(model, layers, lambda: param_tensors(layers, lambda p: full(p.grad)),
-                   lambda: param_tensors(layers, full), gathered, dist.get_world_size(), keep=[mesh])
+    return Wrapped(model, layers, lambda: param_tensors(slots, lambda p: full(p.grad)),
+                   lambda: param_tensors(slots, full), gathered, dist.get_world_size(), keep=[mesh])
 
 
 def wrap_fairscale(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     from te_verify.distributed.fairscale_compat import wrap_fairscale_fsdp
 
+    if spec.model is not None:  # matrix_dist generates none: its per-layer unit bookkeeping is a stack's
+        raise WrapperError(f"model={spec.model.tag}: the fairscale wrapper here wraps linear stacks only")
     return wrap_fairscale_fsdp(model, spec, options(spec))
 
 

@@ -125,15 +125,17 @@ def _wgrad_layer(raw: RawGemm, grad_layers: dict, layers: LayerMap) -> int | Non
 
 def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
     """(role, layer) of every GEMM, by the rules in the module docstring."""
-    grad_layers: dict = {}  # an output gradient (view) -> the layers it is the gradient of
+    consumed: dict = {}  # an output gradient a known dgrad consumed (view) -> its layers (LoRA's base and B share one)
+    produced: dict = {}  # a known dgrad's result (view) -> the layers feeding that dgrad's layer (whose gradient it is)
     for r in raws:
         if r.phase != "forward" and r.weight_layer is not None:
             for view in r.views:
-                if view not in r.weight_views:  # the output gradient the dgrad consumed
-                    grad_layers.setdefault(view, {r.weight_layer})
+                if view not in r.weight_views:
+                    consumed.setdefault(view, set()).add(r.weight_layer)
             feeders = layers.feeders(r.weight_layer)
-            if feeders:  # its result is the output gradient of the layers feeding it
-                grad_layers.setdefault(r.out_view, set(feeders))
+            if feeders:
+                produced.setdefault(r.out_view, set()).update(feeders)
+    grad_layers = {v: consumed.get(v, set()) | produced.get(v, set()) for v in set(consumed) | set(produced)}
     rows = frozenset(r.shape[0] for r in raws if r.phase == "forward" and len(r.shape) == 2)
     events = []
     for r in raws:
@@ -141,7 +143,7 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
             role, layer = "fprop", r.weight_layer
         elif r.weight_layer is not None:
             role, layer = "dgrad", r.weight_layer
-        elif r.input_layers or any(v in grad_layers for v in r.views):
+        elif r.input_layers or any(v in consumed for v in r.views):  # a dgrad on an unknown weight copy is neither
             role, layer = "wgrad", _wgrad_layer(r, grad_layers, layers)
         else:
             role, layer = _by_shape(layers, r.shape, rows)

@@ -8,6 +8,7 @@ parameter's main_grad). A GEMM that cannot be attributed keeps layer "?" and the
 """
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 
 from te_verify.probes import dispatch
-from te_verify.tecpu.record import RootKey, TexGemm, TexRecorder
+from te_verify.probes.flops import GemmProbe
+from te_verify.tecpu.record import TEX_MODULE, RootKey, TexGemm, TexRecorder
 
 
 @dataclass(frozen=True)
@@ -118,3 +120,62 @@ class TexGemmProbe:
         events = attribute(self.recorder.record.gemms, self.param_layers, input_layers)
         return {"gemm_log": events, "tex_record": self.recorder.record, "param_layers": dict(self.param_layers),
                 "input_layers": input_layers}
+
+
+
+class AtenGemmOutsideTex(GemmProbe):
+    """aten GEMMs (probes.flops.GemmProbe) that ran outside any tex GEMM call, with their sites' labels: the torch
+    Linears of a model mixing them with TE modules (LoRA adapters over TE bases). The tex emulation computes its
+    GEMMs with aten ops; those belong to the tex record, so they are left out here. Layers are every linear module
+    (torch's or TE's Linear) in module order, named by qualified name: the oracle's sites. Enter it after a
+    TexGemmProbe (its wrappers go on top of the recorder's and come off first)."""
+
+    name = "aten_gemm_outside_tex"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels: list[str] = []
+        self._depth = 0
+        self._saved: list[tuple[str, Any]] = []
+
+    def bind(self, model: torch.nn.Module) -> None:
+        from te_verify.graph_sites import is_linear
+
+        named = [(n, m) for n, m in model.named_modules() if is_linear(m)]
+        self.labels, self._weights = [n for n, _ in named], [m.weight for _, m in named]
+
+    def _wrap(self, original: Any) -> Any:
+        def inside_tex(*args: Any, **kwargs: Any):
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+        return inside_tex
+
+    def __enter__(self) -> "AtenGemmOutsideTex":
+        super().__enter__()
+        tex = sys.modules.get(TEX_MODULE)
+        for name in ("generic_gemm", "te_general_grouped_gemm"):
+            original = getattr(tex, name, None) if tex is not None else None
+            if original is not None:
+                self._saved.append((name, original))
+                setattr(tex, name, self._wrap(original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        tex = sys.modules.get(TEX_MODULE)
+        while self._saved:
+            name, original = self._saved.pop()
+            setattr(tex, name, original)
+        super().__exit__(*exc)
+
+    def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:
+        if not self._depth:
+            super()._on_gemm(func, args, out)
+
+    def figures(self) -> dict[str, Any]:
+        return {"aten_gemm_count_outside_tex": len(self.events)}
+
+    def observations(self) -> dict[str, Any]:
+        return {"aten_gemm_events": list(self.events), "aten_gemm_labels": list(self.labels)}

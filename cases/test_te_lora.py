@@ -1,0 +1,39 @@
+"""LoRA over TE Linear (issue 12): Llama blocks whose adapters' frozen bases are TE Linears and whose adapters are
+torch Linears, through the TE backends. High precision is held to eager on the same torch model (a TE Linear in
+high precision computes the same math) with the family's tolerance (derived from an fp64 eager run); FP8 as the TE
+lane holds it (mean-reduced cotangent, the recipe's tolerance, outputs against the FP8-operand reference). Every
+linear site runs exactly the oracle's GEMMs, the TE bases' read from the tex record: a frozen base runs no wgrad
+GEMM (checks.te_family).
+"""
+from te_verify.backends.eager import EagerBackend
+from te_verify.checks.state import output_parity
+from te_verify.checks.te_family import te_family_waste
+from te_verify.checks.tolerances import derived_tolerance, tolerance_for
+from te_verify.matrix_te import te_lora_specs as SPECS  # noqa: F401
+from te_verify.probes.tex_gemm import AtenGemmOutsideTex
+from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.runner import run_case, run_fp64_eager
+from te_verify.te_case import output_reference, run_te
+
+FAMILY = "te_lora"
+LANE = "te"
+
+
+def with_adapter_gemms(runner):
+    """The lane's probes plus aten's GEMMs outside tex calls (the adapters' torch Linears)."""
+    return lambda spec, backend, probes: runner(spec, backend, [*probes, AtenGemmOutsideTex()])
+
+
+def test_te_lora(case):
+    spec = case.spec
+    fp8 = spec.te.recipe is not None
+    runner = run_mean_reduced if fp8 else run_case
+    got = run_te(case, with_adapter_gemms(runner))
+    ref = runner(spec, EagerBackend())
+    tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, run_fp64_eager(spec))
+    case.figures["tolerance"] = tol.source
+    verdicts = case.standard_verdicts(ref, got, tol)
+    if fp8:  # outputs against eager on FP8-rounded operands (te_case.output_reference), as the TE lane does
+        verdicts = [v for v in verdicts if v.check != "output_parity"]
+        verdicts.append(output_parity(spec.id, case.backend_name, output_reference(spec), got, tol))
+    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got)])

@@ -1,0 +1,83 @@
+"""Case generators for the model families (spec.model) on the torch lane, by tier, plus a hypothesis strategy.
+
+Small widths (n_embd 32, 4 heads, MLP 64) and a (2, 8) batch: the cost of a case is thunder's trace of the
+block's Python (about 3 s per block on 2 cores), not its arithmetic, so most cases use one block.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from te_verify.matrix import check_tier, dedupe
+from te_verify.spec import PROJECTIONS, CaseSpec, ModelConfig
+
+LORA_TARGETS = {
+    "qv": ("q", "v"),  # LitGPT's default LoRA targets
+    "attn": ("q", "k", "v", "o"),
+    "mlp": ("fc_1", "fc_2", "proj"),
+    "all": PROJECTIONS,
+}
+BATCH = (2, 8)
+
+
+def model_spec(family: str, cfg: ModelConfig, x_grad: bool = False, **changes) -> CaseSpec:
+    """A family spec with the widths its config implies."""
+    return CaseSpec(family, (cfg.in_width, cfg.out_width), (), None, x_grad, BATCH, model=cfg).replace(**changes)
+
+
+def lora_specs(tier: str) -> list[CaseSpec]:
+    """LoRA on attention, the MLP or every projection; norms frozen or trained; replays, bf16, frozen stages."""
+    check_tier(tier)
+    lora = {name: ModelConfig(lora_on=targets) for name, targets in LORA_TARGETS.items()}
+    if tier == "smoke":
+        return [model_spec("lora", lora["qv"]), model_spec("lora", lora["all"], True)]
+    specs = [model_spec("lora", ModelConfig(lora_on=t, frozen=norms), x)
+             for t in LORA_TARGETS.values() for norms in ((), ("norms",)) for x in (False, True)]
+    specs += [model_spec("lora", lora[n], True, dtype="bf16") for n in ("qv", "all")]
+    specs += [model_spec("lora", lora[n], True, replays=2) for n in ("qv", "all")]
+    specs.append(model_spec("lora", lora["all"], False, replays=2, warmup_steps=1))
+    specs += [model_spec("lora", ModelConfig(lora_on=LORA_TARGETS["attn"], lora_rank=r, lora_alpha=2 * r), True)
+              for r in (1, 8)]
+    specs.append(model_spec("lora", lora["mlp"], True, seed=1))
+    specs += [model_spec("lora", ModelConfig(blocks=2, frozen_blocks=1, lora_on=LORA_TARGETS[n])) for n in ("qv", "all")]
+    specs.append(model_spec("lora", ModelConfig(lora_on=PROJECTIONS, embedding=True, head=True,
+                                                frozen=("embedding", "head"))))
+    if tier == "nightly":
+        specs += [model_spec("lora", ModelConfig(blocks=2, lora_on=t, lora_rank=r, lora_alpha=2 * r), True, dtype=d)
+                  for t in LORA_TARGETS.values() for r in (1, 8) for d in ("fp32", "bf16")]
+    return dedupe(specs)
+
+
+def stage_specs(tier: str) -> list[CaseSpec]:
+    """Full fine-tuning with frozen stages: the first k blocks, the embedding, the head, the norms."""
+    check_tier(tier)
+    head = dict(embedding=True, head=True)
+    if tier == "smoke":
+        return [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=1))]
+    specs = [model_spec("stages", ModelConfig(frozen=norms), x) for norms in ((), ("norms",)) for x in (False, True)]
+    specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=k)) for k in (1, 2)]
+    specs.append(model_spec("stages", ModelConfig(), True, dtype="bf16"))
+    specs += [model_spec("stages", ModelConfig(frozen=f, **head))
+              for f in (("embedding",), ("head",), ("embedding", "head"), ("embedding", "head", "norms"))]
+    specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=1), freeze_timing=t)
+              for t in ("after", "unfreeze_after")]
+    if tier == "nightly":
+        specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=k, frozen=f, **head), dtype=d,
+                             replays=1 + k % 2)
+                  for k in (0, 1, 2) for f in ((), ("embedding", "norms")) for d in ("fp32", "bf16")]
+    return dedupe(specs)
+
+
+@st.composite
+def model_case_specs(draw, family: str = "generated_model") -> CaseSpec:
+    """Any valid Llama-family spec: block count, LoRA targets, rank, frozen stages, dtype, replays."""
+    blocks = draw(st.integers(1, 2), label="blocks")
+    targets = tuple(p for p in PROJECTIONS if draw(st.booleans(), label=f"lora_{p}"))
+    rank = draw(st.sampled_from((1, 2, 4, 8)), label="lora_rank")
+    embedding, head = draw(st.booleans(), label="embedding"), draw(st.booleans(), label="head")
+    stages = [s for s, present in (("embedding", embedding), ("head", head), ("norms", True)) if present]
+    frozen = tuple(s for s in stages if draw(st.booleans(), label=f"frozen_{s}"))
+    cfg = ModelConfig(blocks=blocks, lora_on=targets, lora_rank=rank, lora_alpha=2 * rank, embedding=embedding,
+                      head=head, frozen=frozen, frozen_blocks=draw(st.integers(0, blocks), label="frozen_blocks"))
+    return model_spec(family, cfg, not embedding and draw(st.booleans(), label="x_grad"),
+                      dtype=draw(st.sampled_from(("fp32", "bf16")), label="dtype"),
+                      replays=draw(st.integers(1, 2), label="replays"), seed=draw(st.integers(0, 3), label="seed"))

@@ -1,0 +1,57 @@
+"""LoRA over TE Linear on the TE lane (issue 12), on TE's real Python over the tex emulation: a clean te_eager run
+passes every check of cases/test_te_lora.py; a planted wgrad GEMM for a frozen TE base, whose result is discarded
+(gradients still match eager), is caught by the GEMM check with a message naming the base site."""
+import pytest
+
+from te_verify import te_api
+from te_verify.backends.eager import EagerBackend
+from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.caserun import CaseRun
+from te_verify.checks.te_family import te_family_gemms, te_family_waste
+from te_verify.checks.tolerances import derived_tolerance
+from te_verify.matrix_te import _lora
+from te_verify.probes import default_probes
+from te_verify.probes.tex_gemm import AtenGemmOutsideTex
+from te_verify.runner import run_case, run_fp64_eager
+from planted_te_lora import WastedBaseWgradTE
+
+SPEC = _lora("qv", True, "fp32")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def te_python():
+    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
+        yield impl
+
+
+def _verdicts(backend):
+    got = run_case(SPEC, backend, [*default_probes("te_eager"), AtenGemmOutsideTex()])
+    ref = run_case(SPEC, EagerBackend())
+    tol = derived_tolerance(SPEC, ref, run_fp64_eager(SPEC))
+    standard = CaseRun(SPEC, "te_eager", backend).standard_verdicts(ref, got, tol)
+    return got, standard, te_family_waste(SPEC.id, "te_eager", SPEC, got)
+
+
+def test_clean_te_eager_passes_and_its_bases_run_no_wgrad():
+    got, standard, waste = _verdicts(TEEagerBackend())
+    assert all(v.ok for v in standard + waste), [v.message for v in standard + waste if not v.ok]
+    figures = waste[0].figures
+    assert figures["te_sites"] == 2 and figures["tex_wgrads_te_sites"] == 0
+    assert figures["tex_gemms_te_sites"] == 4  # per base: fprop, and dgrad (the norm before it trains)
+    assert figures["flops_actual"] == figures["flops_required"]
+
+
+def test_a_discarded_wgrad_of_a_frozen_te_base_is_caught_naming_the_site():
+    got, standard, _ = _verdicts(WastedBaseWgradTE())
+    assert all(v.ok for v in standard), [v.message for v in standard if not v.ok]  # the gradients cannot tell
+    verdict = te_family_gemms(SPEC.id, "te_eager", SPEC, got)
+    assert not verdict.ok
+    for site in ("blocks.0.attn.q.base", "blocks.0.attn.v.base"):
+        assert f"site {site} (frozen weight): 1 wgrad GEMM in backward pass 1, 0 required" in verdict.message
+
+
+def test_a_base_not_run_by_te_is_named():
+    """The bases' GEMMs must come from the tex record: plain eager runs them through aten only."""
+    got = run_case(SPEC, EagerBackend(), [*default_probes("te_eager"), AtenGemmOutsideTex()])
+    verdict = te_family_gemms(SPEC.id, "eager", SPEC, got)
+    assert not verdict.ok and "site blocks.0.attn.q.base (TE Linear): 2 GEMM(s) ran outside TE (aten)" in verdict.message
