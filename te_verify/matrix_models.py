@@ -30,20 +30,24 @@ def lora_specs(tier: str) -> list[CaseSpec]:
     lora = {name: ModelConfig(lora_on=targets) for name, targets in LORA_TARGETS.items()}
     if tier == "smoke":
         return [model_spec("lora", lora["qv"]), model_spec("lora", lora["all"], True)]
-    specs = [model_spec("lora", ModelConfig(lora_on=t, frozen=norms), x)
-             for t in LORA_TARGETS.values() for norms in ((), ("norms",)) for x in (False, True)]
-    specs += [model_spec("lora", lora[n], True, dtype="bf16") for n in ("qv", "all")]
-    specs += [model_spec("lora", lora[n], True, replays=2) for n in ("qv", "all")]
+    # pr: the cheap targets (q, v) carry the variations; thunder traces a block with adapters everywhere in ~5 s.
+    specs = [model_spec("lora", ModelConfig(lora_on=LORA_TARGETS["qv"], frozen=norms), x)
+             for norms in ((), ("norms",)) for x in (False, True)]
+    specs += [model_spec("lora", lora[n], x) for n in ("attn", "mlp", "all") for x in (False, True)]
+    specs += [model_spec("lora", lora["qv"], True, dtype="bf16"), model_spec("lora", lora["all"], False, dtype="bf16")]
+    specs += [model_spec("lora", lora[n], True, replays=2) for n in ("qv", "mlp")]
     specs.append(model_spec("lora", lora["all"], False, replays=2, warmup_steps=1))
-    specs += [model_spec("lora", ModelConfig(lora_on=LORA_TARGETS["attn"], lora_rank=r, lora_alpha=2 * r), True)
+    specs += [model_spec("lora", ModelConfig(lora_on=LORA_TARGETS["qv"], lora_rank=r, lora_alpha=2 * r), True)
               for r in (1, 8)]
     specs.append(model_spec("lora", lora["mlp"], True, seed=1))
-    specs += [model_spec("lora", ModelConfig(blocks=2, frozen_blocks=1, lora_on=LORA_TARGETS[n])) for n in ("qv", "all")]
-    specs.append(model_spec("lora", ModelConfig(lora_on=PROJECTIONS, embedding=True, head=True,
+    specs.append(model_spec("lora", ModelConfig(blocks=2, frozen_blocks=1, lora_on=LORA_TARGETS["qv"])))
+    specs.append(model_spec("lora", ModelConfig(lora_on=LORA_TARGETS["qv"], embedding=True, head=True,
                                                 frozen=("embedding", "head"))))
     if tier == "nightly":
         specs += [model_spec("lora", ModelConfig(blocks=2, lora_on=t, lora_rank=r, lora_alpha=2 * r), True, dtype=d)
-                  for t in LORA_TARGETS.values() for r in (1, 8) for d in ("fp32", "bf16")]
+                  for t in LORA_TARGETS.values() for r, d in ((1, "fp32"), (8, "bf16"))]
+        specs += [model_spec("lora", ModelConfig(lora_on=t, frozen=("norms",)), x) for t in LORA_TARGETS.values()
+                  for x in (False, True)]
     return dedupe(specs)
 
 
@@ -56,6 +60,11 @@ def stage_specs(tier: str) -> list[CaseSpec]:
     specs = [model_spec("stages", ModelConfig(frozen=norms), x) for norms in ((), ("norms",)) for x in (False, True)]
     specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=k)) for k in (1, 2)]
     specs.append(model_spec("stages", ModelConfig(), True, dtype="bf16"))
+    specs += [model_spec("stages", ModelConfig(), True, replays=2), model_spec("stages", ModelConfig(), True, seed=1),
+              model_spec("stages", ModelConfig(frozen=("norms",)), True, dtype="bf16", replays=2),
+              model_spec("stages", ModelConfig(**head)), model_spec("stages", ModelConfig(frozen=("norms",)), seed=2),
+              model_spec("stages", ModelConfig(frozen=("head",), **head), dtype="bf16"),
+              model_spec("stages", ModelConfig(), replays=3)]
     specs += [model_spec("stages", ModelConfig(frozen=f, **head))
               for f in (("embedding",), ("head",), ("embedding", "head"), ("embedding", "head", "norms"))]
     specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=1), freeze_timing=t)
@@ -63,7 +72,7 @@ def stage_specs(tier: str) -> list[CaseSpec]:
     if tier == "nightly":
         specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=k, frozen=f, **head), dtype=d,
                              replays=1 + k % 2)
-                  for k in (0, 1, 2) for f in ((), ("embedding", "norms")) for d in ("fp32", "bf16")]
+                  for k in (0, 1, 2) for f, d in (((), "fp32"), (("embedding", "norms"), "bf16"))]
     return dedupe(specs)
 
 
