@@ -13,32 +13,13 @@ qualified module names. Rows come from the shapes (fx's ShapeProp on the real in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.passes.shape_prop import ShapeProp
 
-
-@dataclass(frozen=True)
-class GraphSite:
-    """One linear module call in the traced graph."""
-
-    # Qualified module name, e.g. "blocks.0.attn.q.lora_a".
-    name: str
-    # Position among the model's linear modules (module order): the probes' layer index.
-    index: int
-    rows: int
-    fan_in: int
-    fan_out: int
-    weight_trainable: bool
-    bias_trainable: bool
-    input_needs_grad: bool
-    # The fx node its input is: sites fed the same value share one saved input.
-    input_node: str
-    # True when that value is the model input itself (saving it is no new allocation).
-    input_is_model_input: bool
+from te_verify.oracle import Site
 
 
 def is_linear(module: torch.nn.Module) -> bool:
@@ -63,7 +44,7 @@ def _needs(arg: Any, needs: dict[str, bool]) -> bool:
     return any(found)
 
 
-def graph_sites(model: torch.nn.Module, example_input: torch.Tensor) -> list[GraphSite]:
+def graph_sites(model: torch.nn.Module, example_input: torch.Tensor) -> list[Site]:
     """Every linear site of `model` (freezing as it stands) called on `example_input`, in module order."""
     graph_module = torch.fx.GraphModule(model, _Tracer().trace(model))
     ShapeProp(graph_module).propagate(example_input.detach())
@@ -84,12 +65,12 @@ def graph_sites(model: torch.nn.Module, example_input: torch.Tensor) -> list[Gra
                 found.append(_site(node, module, order[node.target], upstream))
         else:
             needs[node.name] = _needs((node.args, node.kwargs), needs)
-    return sorted(found, key=lambda s: s.index)
+    return sorted(found, key=lambda s: s.layer)
 
 
-def _site(node: torch.fx.Node, module: torch.nn.Module, index: int, upstream: bool) -> GraphSite:
+def _site(node: torch.fx.Node, module: torch.nn.Module, index: int, upstream: bool) -> Site:
+    """The oracle's Site for one linear call: named by its module, numbered in module order, reading `source`."""
     source = node.args[0]
     shape = source.meta["tensor_meta"].shape
-    return GraphSite(node.target, index, math.prod(shape[:-1]), module.in_features, module.out_features,
-                     _trains(module, "weight"), _trains(module, "bias"), upstream, source.name,
-                     source.op == "placeholder")
+    return Site(node.target, index, math.prod(shape[:-1]), module.in_features, module.out_features,
+                _trains(module, "weight"), _trains(module, "bias"), upstream, source.name, source.op == "placeholder")

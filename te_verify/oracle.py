@@ -51,8 +51,10 @@ class RequiredSaved:
 class Site:
     """One linear site: a layer, or one expert of a grouped layer."""
 
-    # "2" for layer 2, "2.e1" for its expert 1 (the module names of the model's parameters).
+    # "2" for layer 2, "2.e1" for its expert 1 (the module names of the model's parameters); a model family's
+    # qualified module name ("blocks.0.attn.q.lora_a").
     label: str
+    # The stack's layer; a model family's position among its linear modules (the probes' layer index).
     layer: int
     # Rows it multiplies, and its weight's in/out features.
     rows: int
@@ -87,9 +89,7 @@ def _model_graph(spec: CaseSpec) -> tuple[tuple[Site, ...], bool]:
     if spec.freeze_timing != "unfreeze_after":
         freeze(model, spec)
     x = make_inputs(spec, device=CPU).x
-    found = tuple(Site(g.name, g.index, g.rows, g.fan_in, g.fan_out, g.weight_trainable, g.bias_trainable,
-                       g.input_needs_grad, g.input_node, g.input_is_model_input) for g in graph_sites(model, x))
-    return found, x.requires_grad or any(p.requires_grad for p in model.parameters())
+    return tuple(graph_sites(model, x)), x.requires_grad or any(p.requires_grad for p in model.parameters())
 
 
 def sites(spec: CaseSpec) -> list[Site]:

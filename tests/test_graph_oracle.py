@@ -24,7 +24,7 @@ def _graph_of(spec: CaseSpec):
 @pytest.mark.parametrize("spec", STACK_SPECS, ids=lambda s: s.id)
 def test_graph_rule_equals_the_stack_rule(spec: CaseSpec) -> None:
     """Read from the fx graph, every stack site needs what the stack indices say it needs."""
-    graph = {g.index: g for g in _graph_of(spec)}
+    graph = {g.layer: g for g in _graph_of(spec)}
     for site in sites(spec):
         g = graph[site.layer]
         assert (g.input_needs_grad, g.weight_trainable, g.bias_trainable, g.rows) == \

@@ -8,7 +8,6 @@ parameter's main_grad). A GEMM that cannot be attributed keeps layer "?" and the
 """
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from te_verify.probes import dispatch
 from te_verify.probes.flops import GemmProbe
-from te_verify.tecpu.record import TEX_MODULE, RootKey, TexGemm, TexRecorder
+from te_verify.tecpu.record import RootKey, TexGemm, TexRecorder, patch_tex, restore_tex
 
 
 @dataclass(frozen=True)
@@ -155,19 +154,11 @@ class AtenGemmOutsideTex(GemmProbe):
 
     def __enter__(self) -> "AtenGemmOutsideTex":
         super().__enter__()
-        tex = sys.modules.get(TEX_MODULE)
-        for name in ("generic_gemm", "te_general_grouped_gemm"):
-            original = getattr(tex, name, None) if tex is not None else None
-            if original is not None:
-                self._saved.append((name, original))
-                setattr(tex, name, self._wrap(original))
+        patch_tex(self._saved, ((name, self._wrap) for name in ("generic_gemm", "te_general_grouped_gemm")))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        tex = sys.modules.get(TEX_MODULE)
-        while self._saved:
-            name, original = self._saved.pop()
-            setattr(tex, name, original)
+        restore_tex(self._saved)
         super().__exit__(*exc)
 
     def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:

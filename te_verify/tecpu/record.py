@@ -15,7 +15,7 @@ import functools
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -43,6 +43,24 @@ UNMEASURED = ("te_general_grouped_gemm_for_grouped_tensor", "te_general_grouped_
 ROLES_BY_LAYOUT = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
 
 RootKey = tuple[Any, int, int]  # (storage identity, storage offset, numel): a tensor or a view of one
+
+
+def patch_tex(saved: list[tuple[str, Callable]], wrappers: Iterable[tuple[str, Callable]]) -> None:
+    """Replace each named tex function present with `wrap(original)`, remembering the original in `saved`."""
+    tex = sys.modules.get(TEX_MODULE)
+    for name, wrap in wrappers:
+        original = getattr(tex, name, None) if tex is not None else None
+        if original is not None:
+            saved.append((name, original))
+            setattr(tex, name, wrap(original))
+
+
+def restore_tex(saved: list[tuple[str, Callable]]) -> None:
+    """Put back what patch_tex replaced, last first."""
+    tex = sys.modules.get(TEX_MODULE)
+    while saved:
+        name, original = saved.pop()
+        setattr(tex, name, original)
 
 
 def root_key(t: torch.Tensor) -> RootKey:
@@ -140,24 +158,14 @@ class TexRecorder:
         self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
 
     def __enter__(self) -> "TexRecorder":
-        tex = sys.modules.get(TEX_MODULE)
-        if tex is None:
-            return self
-        for name, wrap in (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
-                           ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
-                           ("split_quantize", self._wrap_split_quantize),
-                           *((name, functools.partial(self._wrap_unmeasured, name)) for name in UNMEASURED)):
-            original = getattr(tex, name, None)
-            if original is not None:
-                self._saved.append((name, original))
-                setattr(tex, name, wrap(original))
+        patch_tex(self._saved, (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
+                                ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
+                                ("split_quantize", self._wrap_split_quantize),
+                                *((name, functools.partial(self._wrap_unmeasured, name)) for name in UNMEASURED)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        tex = sys.modules.get(TEX_MODULE)
-        while self._saved:
-            name, original = self._saved.pop()
-            setattr(tex, name, original)
+        restore_tex(self._saved)
 
     def _event(self, op: str, a: Any, transa: bool, b: Any, transb: bool, d: Any, grad: bool, accumulate: bool) -> TexGemm:
         a_rows, a_cols = _dims2(shape_of(a))
