@@ -16,7 +16,8 @@ TE_FAMILIES = ["cases/test_te_fp8.py", "cases/test_te_peft.py", "cases/test_te_r
 RUNS = {
     # TE's modules over the tex emulation (the default here) and the eager torch lane. thunder_te is left out:
     # the suite's tensors in its cases are te_eager's (models, inputs, cotangents), the rest is thunder's own.
-    "emulated": ["cases/test_freeze.py", "cases/test_bias.py", *TE_FAMILIES, "cases/test_te_moe.py",
+    "emulated": ["cases/test_freeze.py", "cases/test_bias.py", "cases/test_lora.py", "cases/test_stages.py",
+                 *TE_FAMILIES, "cases/test_te_moe.py", "cases/test_te_lora.py",
                  "--backend", "eager", "--backend", "te_eager"],
     # The reference TE.
     "reference": [*TE_FAMILIES, "cases/test_te_moe.py", "--te-impl", "reference", "--backend", "te_eager"],
