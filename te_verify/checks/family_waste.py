@@ -67,7 +67,10 @@ def _saved_by_value(spec: CaseSpec, record: Record) -> tuple[Counter, Counter, i
     return count, nbytes, other
 
 
-def _saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: str) -> Verdict:
+def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: str, label: str | None = None
+                         ) -> Verdict:
+    """Saved tensors per site value against the oracle, what is not a site beside `eager`'s run (`label` names the
+    run; default "<case id> [<backend>]")."""
     need = required_saved(spec)
     required = {site_at(spec, layer).input_value for layer, _, _ in need.items}
     count, nbytes, other = _saved_by_value(spec, got)
@@ -84,7 +87,7 @@ def _saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: str) -> 
                "saved_outside_sites_bytes_eager": eager_other,
                "saved_outside_sites_ratio_to_eager": waste_ratio(other, eager_other),
                "saved_sites_beyond_rule_in_eager": "; ".join(_sites_reading(spec, v) for v in eager_extra)}
-    message = "" if not problems else f"{spec.id} [{backend}]: saved for backward: " + "; ".join(problems)
+    message = "" if not problems else f"{label or f'{spec.id} [{backend}]'}: saved for backward: " + "; ".join(problems)
     return Verdict("waste_saved", not problems, message, figures)
 
 
@@ -94,5 +97,5 @@ def family_waste_verdicts(spec: CaseSpec, got: Record, eager: Record, backend: s
         return [Verdict("waste", True, "", {"waste_skipped": f"run raised in pass {got.error_pass}"})]
     peak = {"peak_bytes": got.figures.get("peak_bytes", 0), "peak_bytes_eager": eager.figures.get("peak_bytes", 0),
             "peak_ratio_to_eager": waste_ratio(got.figures.get("peak_bytes", 0), eager.figures.get("peak_bytes", 0))}
-    return [_gemm_verdict(spec, got, backend), _saved_verdict(spec, got, eager, backend),
+    return [_gemm_verdict(spec, got, backend), family_saved_verdict(spec, got, eager, backend),
             Verdict("waste_peak", True, "", peak)]

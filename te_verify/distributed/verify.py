@@ -10,7 +10,7 @@ from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, gradient_volume
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
-from te_verify.checks.family_waste import _saved_verdict as family_saved, outside_sites
+from te_verify.checks.family_waste import family_saved_verdict, outside_sites
 from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
 from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
@@ -155,15 +155,6 @@ def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Rec
     eager = run_case(local, EagerBackend(), default_probes("eager", True))
     saved = [family_saved_verdict(local, record, eager, spec.dist.wrapper, label(rank)) for rank, record in done]
     return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
-
-
-def family_saved_verdict(local: CaseSpec, record: Record, eager: Record, backend: str, label: str) -> Verdict:
-    """checks.family_waste's saved rule on one rank: each site value a wgrad needs saved once, other site values
-    only where eager on the same shard saves them too; the rest recorded beside eager's bytes."""
-    verdict = family_saved(local, record, eager, backend)
-    if not verdict.ok:
-        verdict.message = f"{label}: " + verdict.message.split(": ", 1)[-1]
-    return verdict
 
 
 def gemm_count_verdict(local: CaseSpec, events: list, label: str) -> Verdict:
