@@ -45,9 +45,9 @@ def lora_specs(tier: str) -> list[CaseSpec]:
                                                 frozen=("embedding", "head"))))
     if tier == "nightly":
         specs += [model_spec("lora", ModelConfig(blocks=2, lora_on=t, lora_rank=r, lora_alpha=2 * r), True, dtype=d)
-                  for t in LORA_TARGETS.values() for r, d in ((1, "fp32"), (8, "bf16"))]
-        specs += [model_spec("lora", ModelConfig(lora_on=t, frozen=("norms",)), x) for t in LORA_TARGETS.values()
-                  for x in (False, True)]
+                  for t, r, d in ((LORA_TARGETS["attn"], 1, "fp32"), (LORA_TARGETS["mlp"], 8, "bf16"))]
+        specs += [model_spec("lora", ModelConfig(lora_on=t, frozen=("norms",)), x)
+                  for t, x in ((LORA_TARGETS["attn"], False), (LORA_TARGETS["mlp"], False), (PROJECTIONS, True))]
     return dedupe(specs)
 
 
@@ -72,7 +72,7 @@ def stage_specs(tier: str) -> list[CaseSpec]:
     if tier == "nightly":
         specs += [model_spec("stages", ModelConfig(blocks=2, frozen_blocks=k, frozen=f, **head), dtype=d,
                              replays=1 + k % 2)
-                  for k in (0, 1, 2) for f, d in (((), "fp32"), (("embedding", "norms"), "bf16"))]
+                  for k, f, d in ((0, (), "bf16"), (1, ("embedding", "norms"), "bf16"), (2, (), "fp32"))]
     return dedupe(specs)
 
 

@@ -92,6 +92,9 @@ class LayerMap:
         self.input_key_sets[key] = self.input_key_sets.get(key, frozenset()) | {layer}
         self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
         if view is not None:
+            if print_ is not None and self.input_prints.get(view, print_) != print_:  # the buffer holds a new value:
+                self.input_views.pop(view, None)  # the layers that read its old value no longer own it
+                self.input_sets.pop(view, None)
             self.input_views[view] = layer if self.input_views.get(view, layer) == layer else None
             self.input_sets[view] = self.input_sets.get(view, frozenset()) | {layer}
             if print_ is not None:

@@ -48,6 +48,10 @@ class SavedItem:
     # The view (storage key, offset, numel) it was copied from when the watcher follows copies (an FP8 copy of a
     # weight or an activation), else its own view.
     root: tuple = ()
+    # Its own view (storage key, offset, numel) and a fingerprint of its data when saved (new storages only): a
+    # compiler may reuse a layer input's buffer for another value, which is then not that input.
+    view: tuple = ()
+    print_: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,20 @@ class SavedAttribution:
     shared_by: frozenset = frozenset()
 
 
+def _holds_other_data(item: SavedItem, layers: LayerMap) -> bool:
+    """The saved view is a layer input's view, but its data is not that input's any more (a reused buffer)."""
+    recorded = layers.input_prints.get(item.view)
+    return recorded is not None and item.print_ is not None and recorded != item.print_
+
+
 def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
+    if _holds_other_data(item, layers):
+        return SavedAttribution("other", None, item.storage_bytes, item.shape)
+    readers = layers.input_sets.get(item.view, frozenset())  # by view first: a reused buffer's key names old readers
+    if len(readers) == 1:
+        return SavedAttribution("input", next(iter(readers)), item.storage_bytes, item.shape)
+    if readers:
+        return SavedAttribution("input", None, item.storage_bytes, item.shape, readers)
     layer = layers.layer_of_input(item.key)
     if layer is not None:
         return SavedAttribution("input", layer, item.storage_bytes, item.shape)
@@ -119,8 +136,8 @@ class SavedTensorsProbe:
 
     @property
     def items(self) -> list[SavedItem]:
-        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root)
-                for key, new, storage_bytes, tensor_bytes, shape, dtype, root in self._raw]
+        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_)
+                for key, new, storage_bytes, tensor_bytes, shape, dtype, root, view, print_ in self._raw]
 
     def __enter__(self) -> "SavedTensorsProbe":
         self._raw = []
@@ -147,7 +164,9 @@ class SavedTensorsProbe:
             key = self._watcher.key_of_storage(storage)
             root = self._watcher.root_view(t) if self._watcher.follow_copies else ()
             new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
-            self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root))
+            view, print_ = (self._watcher.view_key(t), dispatch.fingerprint(t)) if new else ((), None)
+            self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root,
+                              view, print_))
         return t
 
     def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:
