@@ -68,3 +68,34 @@ def test_a_large_backward_temporary_is_caught_by_the_peak_check():
     found = verdicts(MIDDLE_FROZEN, PlantedBackend("big_temporary"))
     assert failed(found) == {"waste_peak"}
     assert found["waste_peak"].figures["peak_backward_bytes"] > found["waste_peak"].figures["peak_required"]
+
+
+def _event(pass_index: int, role: str, layer, flops: int = 2):
+    from te_verify.probes.flops import GemmEvent
+
+    return GemmEvent("forward" if pass_index == 0 else "backward", pass_index, role, layer, "aten.mm.default",
+                     (2, 2), flops)
+
+
+def test_a_gemm_run_as_other_ops_is_a_note_and_a_surplus_still_fails():
+    """inductor lowers a k=1 matmul to a pointwise product: a shortfall is noted, never waste; a surplus fails."""
+    from te_verify.checks.waste import gemm_problems
+
+    spec = CaseSpec("waste", (1, 1), (False,), None, False, (1,))
+    problems, notes = gemm_problems(spec, [])
+    assert problems == [] and any("not seen as a GEMM" in n for n in notes)
+    problems, _ = gemm_problems(spec, [_event(0, "fprop", 0), _event(1, "wgrad", 0), _event(1, "wgrad", 0)])
+    assert problems == ["backward pass 1: layer 0 (trainable weight): 2 wgrad GEMM, 1 required"]
+
+
+def test_same_shaped_sites_swapped_by_a_reused_buffer_are_judged_by_role():
+    """Two trainable same-shaped layers: a wgrad credited to the wrong one is no surplus; an extra one still is."""
+    from te_verify.checks.waste import gemm_problems
+
+    spec = CaseSpec("waste", (4, 4, 4), (False, False), None, False, (2,))
+    forward = [_event(0, "fprop", 0), _event(0, "fprop", 1)]
+    swapped = forward + [_event(1, "dgrad", 1), _event(1, "wgrad", 1), _event(1, "wgrad", 1)]
+    problems, notes = gemm_problems(spec, swapped)
+    assert problems == [] and any("same-shaped" in n for n in notes)
+    problems, _ = gemm_problems(spec, swapped + [_event(1, "wgrad", 1)])
+    assert problems == ["backward pass 1: all layers: 3 wgrad GEMM, 2 required"]
