@@ -217,6 +217,14 @@ def dist_tolerance(spec: CaseSpec, ref: Record) -> Tolerance:
     return derived_tolerance(spec, ref, run_fp64_eager(spec))
 
 
+def case_timeout(spec: CaseSpec, pool: RankPool) -> float | None:
+    """The pool's per-case timeout, times 3 per block for a thunder wrapper on a model family: thunder compiles a
+    LoRA Llama block in each rank (about 5 s on a quiet core; a two-block one passed 60 s on 2 loaded cores)."""
+    if spec.model is None or not spec.dist.wrapper.startswith("thunder"):
+        return None
+    return pool.case_timeout_s * 3 * spec.model.blocks
+
+
 def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | None = None,
                 timeout_s: float | None = None) -> list[Verdict]:
     """Run `spec` on every rank of `pool` and return the verdicts; `figures` receives overhead_s."""
@@ -224,7 +232,7 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
         raise ValueError(f"[{spec.id}] dist.world_size={spec.dist.world_size}: the rank pool has {pool.world_size} ranks")
     if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
-    result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s)
+    result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool))
     figures.update(rank_peaks(result))
     figures["overhead_s"] = result.overhead_s
     figures.update(pool.overhead_figures())
