@@ -57,11 +57,12 @@ class CaseRun:
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
         got = self.run(probes=default_probes(self.backend_name, family))
         self.figures.update(got.figures)
-        tol = derived_tolerance(self.spec, ref, run_fp64_eager(self.spec)) if family else None
-        if tol is not None:
+        if family:
+            tol = derived_tolerance(self.spec, ref, run_fp64_eager(self.spec))
             self.figures["tolerance"] = tol.source
-        waste = (family_waste_verdicts(self.spec, got, ref, self.backend_name) if self.spec.model is not None
-                 else waste_verdicts(self.spec, got, self.backend_name))
+            waste = family_waste_verdicts(self.spec, got, ref, self.backend_name)
+        else:
+            tol, waste = None, waste_verdicts(self.spec, got, self.backend_name)
         return self.require(self.standard_verdicts(ref, got, tol) + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:

@@ -83,11 +83,9 @@ class Site:
 def _model_graph(spec: CaseSpec) -> tuple[tuple[Site, ...], bool]:
     """A model family's sites and whether any value needs a gradient, from its module graph as frozen at backward."""
     from te_verify.graph_sites import graph_sites
-    from te_verify.models import CPU, build_model, freeze, make_inputs
+    from te_verify.models import CPU, frozen_at_backward, make_inputs
 
-    model = build_model(spec, CPU)
-    if spec.freeze_timing != "unfreeze_after":
-        freeze(model, spec)
+    model = frozen_at_backward(spec, CPU)
     x = make_inputs(spec, device=CPU).x
     return tuple(graph_sites(model, x)), x.requires_grad or any(p.requires_grad for p in model.parameters())
 

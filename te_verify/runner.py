@@ -8,7 +8,7 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.models import CaseInputs, build_model, freeze, make_inputs, unfreeze_all
+from te_verify.models import CaseInputs, build_model, freeze, frozen_at_backward, make_inputs, unfreeze_all
 from te_verify.probes.base import Probe
 from te_verify.record import INPUT_GRAD, Record
 from te_verify.spec import CaseSpec
@@ -112,8 +112,7 @@ def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
 def run_fp64_eager(spec: CaseSpec) -> Record:
     """Eager on the case's model and inputs in fp64: the truth a model family's tolerance is derived from."""
     record = Record(backend="eager_fp64")
-    model = build_model(spec).double()
-    freeze(model, spec)
+    model = frozen_at_backward(spec).double()
     inputs = make_inputs(spec)
     x = inputs.x.detach().double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x
     run_prepared(model, model, CaseInputs(x, inputs.grad_output.double()), spec, record)

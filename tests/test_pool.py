@@ -95,25 +95,27 @@ def test_planted_deferred_reshard_is_caught(pool):
     assert "frozen layer 1: still holds" in verdicts["reshard_timing"].message
 
 
+def _planted_ddp(pool, wrap) -> dict:
+    """Verdicts, by check, of the MIDDLE stack under DDP with a planted `wrap`."""
+    return {v.check: v for v in verify_dist(_spec("dist_ddp", "ddp", MIDDLE, True), pool, {}, wrap=wrap)}
+
+
 def test_planted_skipped_allreduce_is_caught_by_parity(pool):
-    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
-    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_skipping_first_weight)}
+    verdicts = _planted_ddp(pool, ddp_skipping_first_weight)
     assert not verdicts["dist_grad_parity"].ok
     assert "grad of 0.weight" in verdicts["dist_grad_parity"].message
     assert "grad of 1." not in verdicts["dist_grad_parity"].message
 
 
 def test_planted_wrong_output_is_caught_by_output_parity_only(pool):
-    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
-    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_wrong_output)}
+    verdicts = _planted_ddp(pool, ddp_wrong_output)
     assert verdicts["dist_grad_parity"].ok and verdicts["dist_state_left_behind"].ok
     message = verdicts["dist_output_parity"].message
     assert "backend ddp rank 0: forward output: max abs err" in message and "ddp rank 1" in message
 
 
 def test_planted_write_into_a_frozen_weight_is_caught_by_state_left_behind(pool):
-    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
-    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_writing_frozen_weight)}
+    verdicts = _planted_ddp(pool, ddp_writing_frozen_weight)
     assert verdicts["dist_grad_parity"].ok and verdicts["dist_output_parity"].ok
     message = verdicts["dist_state_left_behind"].message
     assert "param:1.weight after the run: max abs err" in message and "rtol=0, atol=0" in message
@@ -121,8 +123,7 @@ def test_planted_write_into_a_frozen_weight_is_caught_by_state_left_behind(pool)
 
 
 def test_planted_extra_gemm_is_caught_by_the_ranks_flops(pool):
-    spec = _spec("dist_ddp", "ddp", MIDDLE, True)
-    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=ddp_extra_gemm)}
+    verdicts = _planted_ddp(pool, ddp_extra_gemm)
     message = verdicts["dist_waste_flops"].message
     assert "[ddp rank 0, its shard (4,)]: FLOPs" in message and "[ddp rank 1" in message
     assert "forward: layer 0 (trainable weight): 2 fprop GEMM, 1 required" in message

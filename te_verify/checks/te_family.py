@@ -64,13 +64,13 @@ def tex_site_events(spec: CaseSpec, record: Record) -> list[tuple[Any, int, str,
     return events
 
 
-def site_gemms(spec: CaseSpec, record: Record) -> tuple[Counter, Counter, Counter, dict[str, Any]]:
+def site_gemms(record: Record, tex_events: list) -> tuple[Counter, Counter, Counter, dict[str, Any]]:
     """(tex counts, aten counts) by (site label, pass, role), tex wgrads narrowed to several sites by (site set,
-    pass), and what names no site."""
+    pass), and what names no site; `tex_events` from tex_site_events."""
     tex, aten, groups = Counter(), Counter(), Counter()
     tex_unattributed = aten_unattributed = 0
     outside = []
-    for site, k, role, _ in tex_site_events(spec, record):
+    for site, k, role, _ in tex_events:
         if site == "?" or role not in ROLES:
             tex_unattributed += 1
         elif isinstance(site, frozenset):
@@ -110,7 +110,8 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
     if "tex_record" not in record.observations or "aten_gemm_events" not in record.observations:
         return Verdict("te_family_gemms", False, f"[{case_id}] backend {backend}: no tex record or no aten GEMM "
                                                  f"record (run without TexGemmProbe and AtenGemmOutsideTex?)")
-    tex, aten, groups, other = site_gemms(spec, record)
+    tex_events = tex_site_events(spec, record)
+    tex, aten, groups, other = site_gemms(record, tex_events)
     te = set(te_sites(spec))
     passes = record.passes_done if graph_exists(spec) else 0
     problems = [f"{n} {src} GEMM(s) not attributable to a site" for src, n in
@@ -136,7 +137,7 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
                                     f"{want} required")
     stray = sorted({l for (l, _, _) in tex | aten} - {s.label for s in sites(spec)})
     problems += [f"GEMMs of {l}, which is no linear site" for l in stray]
-    site_flops = sum(f for site, _, _, f in tex_site_events(spec, record) if site != "?") + sum(
+    site_flops = sum(f for site, _, _, f in tex_events if site != "?") + sum(
         e.flops for e in record.observations.get("aten_gemm_events", []) if not outside_sites(e))
     required = required_flops(spec) if passes == spec.replays else None
     figures = {"tex_gemms_te_sites": sum(n for (l, _, _), n in tex.items() if l in te),

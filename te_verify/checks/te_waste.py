@@ -16,6 +16,7 @@ from typing import Any
 
 from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.waste import by_role
 from te_verify.oracle import graph_exists, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -76,10 +77,11 @@ def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Recor
     per (layer, role) where aten could attribute them."""
     logged = Counter((e.layer, e.role) for e in record.observations["reference_gemm_log"] if e.role != "bgrad")
     measured = Counter((e.layer, e.role) for e in measured_gemms(spec, record) or [])
-    by_role = lambda c: Counter({r: sum(n for (_, role), n in c.items() if role == r) for r in {k[1] for k in c}})
+    logged_roles = by_role(logged)
+    measured_roles = by_role(measured)
     attributed = {k: n for k, n in measured.items() if k[0] != "?"}
-    problems = [f"{role}: the log has {by_role(logged)[role]}, aten ran {by_role(measured)[role]}"
-                for role in sorted(set(by_role(logged)) | set(by_role(measured))) if by_role(logged)[role] != by_role(measured)[role]]
+    problems = [f"{role}: the log has {logged_roles[role]}, aten ran {measured_roles[role]}"
+                for role in sorted(set(logged_roles) | set(measured_roles)) if logged_roles[role] != measured_roles[role]]
     problems += [f"layer {layer} {role}: the log has {logged[(layer, role)]}, aten ran {n}"
                  for (layer, role), n in sorted(attributed.items()) if logged[(layer, role)] != n]
     if problems:

@@ -70,7 +70,8 @@ def _layer_label(spec: CaseSpec, layer: int | None, role: str) -> str:
     return f"{site_name(spec, layer)} (input {'needs' if site.input_needs_grad else 'needs no'} grad)"
 
 
-def _by_role(counts: Counter) -> Counter:
+def by_role(counts: Counter) -> Counter:
+    """(layer, role) counts summed per role."""
     out: Counter = Counter()
     for (_, role), n in counts.items():
         out[role] += n
@@ -94,12 +95,13 @@ def _swapped(spec: CaseSpec, want: Counter, got: Counter) -> str:
     """Names of same-shaped sites where one has a GEMM too many and another one too few of the same role (an
     attribution by data flow that a reused buffer misled, not work): '' when there are none."""
     shape = {s.layer: (s.fan_in, s.fan_out) for s in sites(spec)}
+    label = {s.layer: s.label for s in sites(spec)}
     over = [k for k in got if k[0] is not None and got[k] > want[k]]
     under = [k for k in want if got[k] < want[k]]
     pairs = [(a, b) for a in over for b in under if a[1] == b[1] and shape.get(a[0]) == shape.get(b[0])]
     if not pairs or len(pairs) < len(over):
         return ""
-    return "sites " + ", ".join(sorted({site_name(spec, layer).split(" ", 1)[1] for p in pairs for layer, _ in p}))
+    return "sites " + ", ".join(sorted({label[layer] for p in pairs for layer, _ in p}))
 
 
 def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
@@ -119,7 +121,7 @@ def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
             notes.append(f"{where}: {unattributed} GEMM(s) not attributable to a layer; judged by role and FLOPs"
                          if unattributed else f"{where}: GEMMs of same-shaped {swapped} told apart by data flow "
                          "disagree with the required ones (a compiler reused a buffer); judged by role and FLOPs")
-            found = _compare(where, _by_role(want), _by_role(got), lambda role: "all layers")
+            found = _compare(where, by_role(want), by_role(got), lambda role: "all layers")
         else:
             found = _compare(where, want, got, lambda key: _layer_label(spec, *key))
         problems += found[0]

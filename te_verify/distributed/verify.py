@@ -4,8 +4,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
-import torch
-
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, gradient_volume
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
@@ -19,7 +17,7 @@ from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_ca
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
 from te_verify.distributed.pool import PoolResult, RankPool
 from te_verify.distributed.wrappers import units_of
-from te_verify.models import CPU, build_model, freeze, unfreeze_all
+from te_verify.models import CPU, build_model, frozen_at_backward
 from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad,
                               required_flops, trainable_masks)
 from te_verify.probes import default_probes
@@ -39,22 +37,12 @@ def reshards_after_forward(spec: CaseSpec) -> bool:
     return bool(opts.get("reshard_after_forward", RESHARD_DEFAULTS.get(spec.dist.wrapper, False)))
 
 
-def frozen_model(spec: CaseSpec) -> torch.nn.Module:
-    """The spec's model on the host with requires_grad as in force when backward runs."""
-    model = build_model(spec, CPU)
-    if spec.freeze_timing == "unfreeze_after":
-        unfreeze_all([model])
-    else:
-        freeze(model, spec)
-    return model
-
-
 def param_infos(spec: CaseSpec) -> list[ParamInfo]:
     """Every parameter with its trainability at backward: a stack's from its masks, a model family's from the
     family's freezing rule (by qualified name: LoRA's base weights frozen, adapters and norms trainable)."""
     if spec.model is not None:
         return [ParamInfo(name, tuple(p.shape), p.element_size(), p.requires_grad)
-                for name, p in frozen_model(spec).named_parameters()]
+                for name, p in frozen_at_backward(spec, CPU).named_parameters()]
     weights, biases = trainable_masks(spec)
     out = []
     for k, layer in enumerate(build_model(spec)):
@@ -70,7 +58,7 @@ def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
     block trains."""
     if spec.model is not None:
         infos, upstream = [], spec.input_requires_grad
-        for unit in units_of(frozen_model(spec), spec):
+        for unit in units_of(frozen_at_backward(spec, CPU), spec):
             ps = list(unit.parameters())
             trains = any(p.requires_grad for p in ps)
             infos.append(LayerInfo(sum(p.numel() * p.element_size() for p in ps), trains, upstream))

@@ -14,30 +14,24 @@ from te_verify.spec import CaseSpec
 
 FAMILIES = {"llama": llama}  # ModelConfig.kind -> its module (build, make_inputs, set_frozen)
 
-__all__ = ["CPU", "TORCH_DTYPES", "CaseInputs", "Experts", "build_model", "freeze", "make_inputs", "set_frozen",
-           "unfreeze_all"]
+__all__ = ["CPU", "TORCH_DTYPES", "CaseInputs", "Experts", "build_model", "freeze", "frozen_at_backward",
+           "make_inputs", "set_frozen", "unfreeze_all"]
+
+
+def family_of(spec: CaseSpec):
+    """The module that builds the spec's model: the stack, or its ModelConfig.kind's."""
+    return stack if spec.model is None else FAMILIES[spec.model.kind]
 
 
 def build_model(spec: CaseSpec, device: torch.device | None = None) -> torch.nn.Module:
     """The spec's seeded model, every parameter trainable, on `device` (default: the run's)."""
-    device = device or run_device.active()
-    if spec.model is None:
-        return stack.build(spec, device)
-    return FAMILIES[spec.model.kind].build(spec, device)
+    return family_of(spec).build(spec, device or run_device.active())
 
 
 def make_inputs(spec: CaseSpec, batch_shape: tuple[int, ...] | None = None,
                 device: torch.device | None = None) -> CaseInputs:
     """Seeded input and output cotangent on `device` (default: the run's); `batch_shape` overrides the spec's."""
-    device = device or run_device.active()
-    shape = tuple(batch_shape or spec.batch_shape)
-    if spec.model is not None:
-        return FAMILIES[spec.model.kind].make_inputs(spec, shape, device)
-    gen = torch.Generator(device=CPU).manual_seed(spec.seed + 1)
-    dtype = TORCH_DTYPES[spec.dtype]
-    x = torch.randn(*shape, spec.widths[0], generator=gen, device=CPU).to(device=device, dtype=dtype)
-    grad_output = torch.randn(*shape, spec.widths[-1], generator=gen, device=CPU).to(device=device, dtype=dtype)
-    return CaseInputs(x.requires_grad_(spec.input_requires_grad), grad_output)
+    return family_of(spec).make_inputs(spec, tuple(batch_shape or spec.batch_shape), device or run_device.active())
 
 
 def freeze(model: torch.nn.Module, spec: CaseSpec) -> None:
@@ -46,6 +40,15 @@ def freeze(model: torch.nn.Module, spec: CaseSpec) -> None:
         set_frozen(model, spec.weight_frozen, spec.bias_frozen)
     else:
         FAMILIES[spec.model.kind].set_frozen(model, spec.model)
+
+
+def frozen_at_backward(spec: CaseSpec, device: torch.device | None = None) -> torch.nn.Module:
+    """The spec's model with requires_grad as in force when backward runs (built trainable; frozen unless the spec
+    unfreezes everything after preparing)."""
+    model = build_model(spec, device)
+    if spec.freeze_timing != "unfreeze_after":
+        freeze(model, spec)
+    return model
 
 
 def unfreeze_all(layers: Iterable[torch.nn.Module]) -> None:

@@ -5,7 +5,7 @@ from typing import Iterable
 
 import torch
 
-from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear
+from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear, seeded_randn
 from te_verify.spec import CaseSpec
 
 
@@ -44,6 +44,15 @@ def build(spec: CaseSpec, device: torch.device) -> torch.nn.Sequential:
     for i in (spec.te.tied[1:] if spec.te is not None else ()):
         layers[i].weight = layers[spec.te.tied[0]].weight  # tied: one Parameter, used by every listed layer
     return torch.nn.Sequential(*layers)
+
+
+def make_inputs(spec: CaseSpec, batch_shape: tuple[int, ...], device: torch.device) -> CaseInputs:
+    """The input (needing grad as the spec says) and the output cotangent."""
+    gen = torch.Generator(device=CPU).manual_seed(spec.seed + 1)
+    dtype = TORCH_DTYPES[spec.dtype]
+    x = seeded_randn((*batch_shape, spec.widths[0]), gen, dtype, device)
+    grad_output = seeded_randn((*batch_shape, spec.widths[-1]), gen, dtype, device)
+    return CaseInputs(x.requires_grad_(spec.input_requires_grad), grad_output)
 
 
 def set_frozen(layers: Iterable[torch.nn.Module], weight_frozen: tuple[bool, ...],

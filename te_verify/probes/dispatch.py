@@ -53,11 +53,8 @@ class LayerMap:
     weight_keys: list[StorageKey] = field(default_factory=list)
     # Weight shape (out, in) of each layer.
     weight_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    # Storage keys of each layer's input (the non-weight operand of its forward GEMMs).
-    input_keys: list[set] = field(default_factory=list)
-    # The same inputs as views (storage key, offset, numel): compilers pack several activations into one storage.
-    input_views: dict[tuple, int | None] = field(default_factory=dict, repr=False)
-    # Every layer whose forward input is that view (sites of a model family share inputs: q, k and v).
+    # Every layer whose forward input (the non-weight operand of its forward GEMMs) is that view (storage key,
+    # offset, numel: compilers pack several activations into one storage; a model family's q, k and v share one).
     input_sets: dict[tuple, frozenset] = field(default_factory=dict, repr=False)
     # Every layer whose forward input lives in that storage.
     input_key_sets: dict[StorageKey, frozenset] = field(default_factory=dict, repr=False)
@@ -67,12 +64,11 @@ class LayerMap:
     input_prints: dict[tuple, float] = field(default_factory=dict, repr=False)
     # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
-    # Indexes for the per-GEMM lookups: weight key -> layer; input key -> layer, None if several layers had it.
+    # Index for the per-GEMM lookups: weight key -> layer.
     _weight_layer: dict[StorageKey, int] = field(default_factory=dict, repr=False)
     # id() of each layer's weight Parameter object(s): a wrapper may swap a Parameter's storage (FSDP gathers it
     # anew for backward) but keeps the object.
     _param_layer: dict[int, int] = field(default_factory=dict, repr=False)
-    _input_layer: dict[StorageKey, int | None] = field(default_factory=dict, repr=False)
 
     def set_input_shape(self, layer: int, shape: tuple[int, ...]) -> None:
         if self.input_shapes[layer] is None:
@@ -83,30 +79,17 @@ class LayerMap:
         self._weight_layer[weight_key] = len(self.weight_keys)
         self.weight_keys.append(weight_key)
         self.weight_shapes.append(weight_shape)
-        self.input_keys.append(set())
         self.input_shapes.append(input_shape)
         return len(self.weight_keys) - 1
 
     def add_input(self, layer: int, key: StorageKey, view: tuple | None = None, print_: float | None = None) -> None:
-        self.input_keys[layer].add(key)
         self.input_key_sets[key] = self.input_key_sets.get(key, frozenset()) | {layer}
-        self._input_layer[key] = layer if self._input_layer.get(key, layer) == layer else None
         if view is not None:
             if print_ is not None and self.input_prints.get(view, print_) != print_:  # the buffer holds a new value:
-                self.input_views.pop(view, None)  # the layers that read its old value no longer own it
-                self.input_sets.pop(view, None)
-            self.input_views[view] = layer if self.input_views.get(view, layer) == layer else None
+                self.input_sets.pop(view, None)  # the layers that read its old value no longer own it
             self.input_sets[view] = self.input_sets.get(view, frozenset()) | {layer}
             if print_ is not None:
                 self.input_prints[view] = print_
-
-    def layer_of_input_view(self, view: tuple, print_: float | None = None) -> int | None:
-        """The layer whose forward input is this view; None if the data it holds now (`print_`) is not that
-        input's (the buffer was reused)."""
-        layer = self.input_views.get(view)
-        if layer is not None and print_ is not None and self.input_prints.get(view, print_) != print_:
-            return None
-        return layer
 
     def layers_of_input_view(self, view: tuple, print_: float | None = None) -> frozenset:
         """Every layer whose forward input is this view (empty if the buffer now holds other data)."""
@@ -130,14 +113,16 @@ class LayerMap:
         self._weight_layer.setdefault(key, layer)
         self._param_layer.setdefault(id(param), layer)
 
-    def layer_of_input(self, key: StorageKey) -> int | None:
-        return self._input_layer.get(key)
-
     def unique_layer(self, shapes: list[tuple[int, ...]], shape: tuple[int, ...], transposed_too: bool) -> int | None:
         """The one layer whose listed shape matches `shape` (or its transpose), else None."""
         wanted = {tuple(shape), tuple(reversed(shape))} if transposed_too else {tuple(shape)}
         hits = [i for i, s in enumerate(shapes) if s in wanted]
         return hits[0] if len(hits) == 1 else None
+
+
+def only(layers: frozenset) -> int | None:
+    """The single member of `layers`, else None."""
+    return next(iter(layers)) if len(layers) == 1 else None
 
 
 def fingerprint(t: torch.Tensor) -> float:

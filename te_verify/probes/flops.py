@@ -83,8 +83,9 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tu
         weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         data = dispatch.fingerprint(t) if phase != "forward" and root == watcher.view_key(t) else None
-        input_layers.add(watcher.layers.layer_of_input_view(root, data))
-        shared |= watcher.layers.layers_of_input_view(root, data)
+        readers = watcher.layers.layers_of_input_view(root, data)
+        input_layers.add(dispatch.only(readers))
+        shared |= readers
     input_layers.discard(None)
     input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell
     shape = tuple(out.shape)

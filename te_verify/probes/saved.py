@@ -76,32 +76,27 @@ def _holds_other_data(item: SavedItem, layers: LayerMap) -> bool:
     return recorded is not None and item.print_ is not None and recorded != item.print_
 
 
+def _as(item: SavedItem, kind: str, readers: frozenset) -> SavedAttribution:
+    """An input (or a copy of one) of the layer(s) reading it: one layer by index, several as `shared_by`."""
+    if len(readers) == 1:
+        return SavedAttribution(kind, next(iter(readers)), item.storage_bytes, item.shape)
+    return SavedAttribution(kind, None, item.storage_bytes, item.shape, readers)
+
+
 def attribute_saved(item: SavedItem, layers: LayerMap) -> SavedAttribution:
     if _holds_other_data(item, layers):
         return SavedAttribution("other", None, item.storage_bytes, item.shape)
-    readers = layers.input_sets.get(item.view, frozenset())  # by view first: a reused buffer's key names old readers
-    if len(readers) == 1:
-        return SavedAttribution("input", next(iter(readers)), item.storage_bytes, item.shape)
+    # By view first (a reused buffer's storage key still names its old readers), then by storage.
+    readers = layers.input_sets.get(item.view) or layers.input_key_sets.get(item.key, frozenset())
     if readers:
-        return SavedAttribution("input", None, item.storage_bytes, item.shape, readers)
-    layer = layers.layer_of_input(item.key)
-    if layer is not None:
-        return SavedAttribution("input", layer, item.storage_bytes, item.shape)
-    shared = layers.input_key_sets.get(item.key, frozenset())
-    if shared:
-        return SavedAttribution("input", None, item.storage_bytes, item.shape, shared)
+        return _as(item, "input", readers)
     if item.root and item.root[0] != item.key:  # a copy: its source names it
         layer = layers.layer_of_weight(item.root[0])
         if layer is not None:
             return SavedAttribution("weight_copy", layer, item.storage_bytes, item.shape)
-        layer = layers.layer_of_input_view(item.root)
-        if layer is None:
-            layer = layers.layer_of_input(item.root[0])
-        if layer is not None:
-            return SavedAttribution("input_copy", layer, item.storage_bytes, item.shape)
-        shared = layers.layers_of_input_view(item.root) or layers.input_key_sets.get(item.root[0], frozenset())
-        if shared:
-            return SavedAttribution("input_copy", None, item.storage_bytes, item.shape, shared)
+        readers = layers.layers_of_input_view(item.root) or layers.input_key_sets.get(item.root[0], frozenset())
+        if readers:
+            return _as(item, "input_copy", readers)
     wanted = {item.shape, tuple(reversed(item.shape))}
     if any(s in wanted for s in layers.weight_shapes):
         layer = layers.unique_layer(layers.weight_shapes, item.shape, transposed_too=True)
