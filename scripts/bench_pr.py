@@ -36,8 +36,23 @@ def summarise(results: dict, wall: float) -> str:
         f"all compilations: max per case per backend {max(compilations, default=0)}",
         "per backend: " + ", ".join(f"{b} {o} {n}" for (b, o), n in sorted(by_backend.items())),
         te_lane_line(rows),
+        where_the_time_goes(rows),
     ]
     return "\n".join(lines)
+
+
+def where_the_time_goes(rows: list[dict], top: int = 12) -> str:
+    """The sum of case durations per (family, backend), largest first: what a faster tier would have to cut."""
+    seconds, cases = Counter(), Counter()
+    for r in rows:
+        seconds[(r["family"], r["backend"])] += r["duration"] or 0.0
+        cases[(r["family"], r["backend"])] += 1
+    total = sum(seconds.values())
+    parts = [f"{family}/{backend} {s:.0f} s for {cases[(family, backend)]}"
+             for (family, backend), s in seconds.most_common(top)]
+    thunder = sum(s for (_, backend), s in seconds.items() if backend.startswith("thunder"))
+    return (f"sum of case durations {total:.0f} s, {thunder:.0f} s of it on thunder's backends; largest: "
+            + ", ".join(parts))
 
 
 def te_lane_line(rows: list[dict]) -> str:

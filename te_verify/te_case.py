@@ -1,18 +1,24 @@
 """Steps every TE family shares: run the case on its backend under the lane's probes, keep what it raised for the
-report row, and skip (never pass) a run in which thunder's TE executor claimed no linear."""
+report row, and skip (never pass) a run in which thunder's TE executor claimed no linear; the standard verdicts of
+a TE stack case."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import pytest
-
-import dataclasses
 
 from te_verify import te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.caserun import CaseRun
+from te_verify.checks.parity import grad_parity
+from te_verify.checks.presence import grad_presence
+from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_claims import unclaimed_reason
+from te_verify.checks.te_waste import te_waste
+from te_verify.checks.tolerances import tolerance_for
+from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -56,3 +62,17 @@ def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:
     if reason is not None:
         pytest.skip(reason)
     return got
+
+
+def verify_te_stack(case: CaseRun) -> list[Verdict]:
+    """A TE-lane stack case against eager: outputs (FP8-aware reference), None-ness, gradients, state left
+    behind, and the TE lane's waste checks; raises AssertionError with every failure."""
+    spec, name = case.spec, case.backend_name
+    got = run_te(case)
+    ref = run_mean_reduced(spec, EagerBackend())
+    tol = tolerance_for(spec, name)
+    return case.require([output_parity(spec.id, name, output_reference(spec), got, tol),
+                         grad_presence(spec.id, name, ref, got),
+                         grad_parity(spec.id, name, ref, got, tol),
+                         state_left_behind(spec.id, name, ref, got, tol),
+                         *te_waste(spec.id, name, spec, got)])

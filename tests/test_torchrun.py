@@ -8,7 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from te_verify.distributed.__main__ import row, skipped_row
 from te_verify.distributed.pool import PoolResult
@@ -33,11 +36,24 @@ def launch(node_rank: int, port: int, report: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def finish(nodes: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each node's output once all exited; past `timeout` every node is killed and the test fails with what each
+    one printed (a rendezvous that never completes shows on which side)."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [node.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        outs = [node.communicate()[0] for node in nodes]
+        pytest.fail(f"the two torchrun nodes did not finish in {timeout:.0f} s:\n" + "\n".join(
+            f"--- node {k} ---\n{out[-2000:]}" for k, out in enumerate(outs)))
+
+
 def test_two_node_torchrun_writes_one_report_from_rank_0(tmp_path):
     port = free_port()
     nodes = [launch(rank, port, tmp_path / f"node{rank}") for rank in (0, 1)]
-    for node in nodes:
-        out, _ = node.communicate(timeout=300)
+    for node, out in zip(nodes, finish(nodes, timeout=300)):
         assert node.returncode == 0, out[-3000:]
     assert not (tmp_path / "node1").exists()  # only global rank 0 (on node 0) writes
     results = json.loads((tmp_path / "node0" / "results.json").read_text())
