@@ -139,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         write(args, rows, started, places)
     dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
-    dist.barrier()
-    dist.destroy_process_group()  # an orderly teardown: a rank exiting while its peer still talks aborts it
+    dist.barrier()  # no rank exits while a peer still talks to it
     return code[0]
 
 
@@ -182,4 +181,10 @@ def write(args: argparse.Namespace, rows: list[dict], started: str, places: list
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Neither destroy_process_group() nor the interpreter's teardown: on torch 2.13 either can abort a gloo rank
+    # (SIGABRT, "terminate called without an active exception"; cf. pytorch PR #179291), and torchrun's agent on the
+    # other node then waits out its exit barrier. main()'s barrier leaves no collective in flight.
+    os._exit(status)
