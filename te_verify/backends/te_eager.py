@@ -7,8 +7,8 @@ Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear pe
 spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
 (grad_added_to_main_grad) the Megatron flag. A model family with LoRA over TE (spec.model.te_base) keeps its
 modules and turns every adapter's base torch Linear into a TE Linear holding the same Parameter (TEFamily), so the
-torch reference and the TE run start bit-identical; the adapters stay torch Linears. TE's modules are made on the run's device (te_verify.device), like
-the model whose Parameters they hold; an implementation that cannot run there skips with its reason.
+torch reference and the TE run start bit-identical; the adapters stay torch Linears. TE's modules are made on the
+run's device (te_verify.device), like the model whose Parameters they hold; an implementation that cannot run there skips with its reason.
 """
 from __future__ import annotations
 
@@ -171,28 +171,25 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
     return [kind.build(api, [l for _, l in group], te, dtype, "+".join(n for n, _ in group)) for group in groups]
 
 
-def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> list[str]:
-    """Every LoRA adapter's base (a torch Linear) replaced in place by a TE Linear of `api` holding its Parameters;
-    returns the bases' qualified names (their TE modules are named so)."""
+def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> torch.nn.Module:
+    """Every LoRA adapter's base (a torch Linear) replaced in place by a TE Linear of `api` holding its Parameters
+    and named by the base's qualified name; returns `model`."""
     from te_verify.models.lora import LoRALinear
 
     te = spec.te or TEConfig()
-    converted = []
     for name, module in list(model.named_modules()):
         if isinstance(module, LoRALinear) and isinstance(module.base, torch.nn.Linear):
-            base = module.base
-            module.base = _linear(api, [base], te, base.weight.dtype, f"{name}.base")
-            converted.append(f"{name}.base")
-    return converted
+            module.base = _linear(api, [module.base], te, module.base.weight.dtype, f"{name}.base")
+    return model
 
 
 class TEFamily(torch.nn.Module):
     """A model family whose adapters' bases are TE Linears, called under TE's autocast with the recipe (outside
     autocast without one)."""
 
-    def __init__(self, model: torch.nn.Module, api: SimpleNamespace, recipe, te_sites: list[str]) -> None:
+    def __init__(self, model: torch.nn.Module, api: SimpleNamespace, recipe) -> None:
         super().__init__()
-        self.model, self.api, self.recipe, self.te_sites = model, api, recipe, te_sites
+        self.model, self.api, self.recipe = model, api, recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.api.autocast(enabled=True, recipe=self.recipe) if self.recipe else contextlib.nullcontext():
@@ -237,7 +234,7 @@ class TEEagerBackend:
             attach_main_grad(model, te)
         recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
         if spec.model is not None:
-            return TEFamily(model, api, recipe, convert_family(model, spec, api))
+            return TEFamily(convert_family(model, spec, api), api, recipe)
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)
 
 

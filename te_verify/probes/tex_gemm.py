@@ -121,7 +121,6 @@ class TexGemmProbe:
                 "input_layers": input_layers}
 
 
-
 class AtenGemmOutsideTex(GemmProbe):
     """aten GEMMs (probes.flops.GemmProbe) that ran outside any tex GEMM call, with their sites' labels: the torch
     Linears of a model mixing them with TE modules (LoRA adapters over TE bases). The tex emulation computes its
