@@ -7,6 +7,7 @@ to torch, which the tex record shows (no TE GEMM for them).
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.checks.ending import ending
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
@@ -42,7 +43,7 @@ def _error_input_verdicts(case, got, ref) -> list[Verdict]:
     ok = got.error is None and not (claimed & refused)
     msg = "" if ok else (f"[{spec.id}] {name}: expected layers {sorted(refused)} left to torch (FP8 refuses their "
                          f"shapes), got error={got.error!r}, TE GEMMs on layers {sorted(claimed)}")
-    return [Verdict("fp8_shape_unclaimed", ok, msg),
+    return [Verdict("fp8_shape_unclaimed", ok, msg), ending(spec.id, name, ref, got),
             grad_parity(spec.id, name, ref, got, tolerance_for(spec, name))]
 
 
@@ -55,7 +56,8 @@ def test_te_fp8(case):
         case.require(_error_input_verdicts(case, got, ref) + te_waste(spec.id, case.backend_name, spec, got, skip))
         return
     tol = tolerance_for(spec, case.backend_name)
-    verdicts = [replay_semantics(spec.id, case.backend_name, ref, got, tol),
+    verdicts = [ending(spec.id, case.backend_name, ref, got),
+                replay_semantics(spec.id, case.backend_name, ref, got, tol),
                 output_parity(spec.id, case.backend_name, output_reference(spec), got, tol),
                 grad_parity(spec.id, case.backend_name, ref, got, tol),
                 state_left_behind(spec.id, case.backend_name, ref, got, tol),

@@ -8,6 +8,7 @@ carries the waste figures (checks.te_waste): each replay repeats exactly the req
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.checks.ending import ending
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, state_left_behind
@@ -26,7 +27,8 @@ def test_te_replay(case):
     ref = run_mean_reduced(spec, EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend())
     outputs_ref = output_reference(spec) if case.backend_name == "te_eager" else ref
     tol = tolerance_for(spec, case.backend_name)
-    case.require([replay_semantics(spec.id, case.backend_name, ref, got, tol),
+    case.require([ending(spec.id, case.backend_name, ref, got),
+                  replay_semantics(spec.id, case.backend_name, ref, got, tol),
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *te_waste(spec.id, case.backend_name, spec, got)])

@@ -5,13 +5,14 @@ from typing import Iterable
 
 from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
+from te_verify.checks.ending import ending
 from te_verify.checks.family_waste import family_waste_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
-from te_verify.checks.verdict import Verdict, failed_messages
+from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
 from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
@@ -28,6 +29,8 @@ class CaseRun:
         self.backend_name = backend_name
         self.backend = backend
         self.figures: dict = {}
+        # Every verdict the case's checks returned (require appends): the plugin judges known gaps from them.
+        self.verdicts: list[Verdict] = []
 
     def __repr__(self) -> str:
         return f"CaseRun({self.backend_name}, {self.spec.id})"
@@ -40,6 +43,7 @@ class CaseRun:
         tol = tol or tolerance_for(self.spec, self.backend_name)
         case_id, name = self.spec.id, self.backend_name
         return [
+            ending(case_id, name, ref, got),
             replay_semantics(case_id, name, ref, got, tol),
             output_parity(case_id, name, ref, got, tol),
             grad_presence(case_id, name, ref, got),
@@ -66,10 +70,11 @@ class CaseRun:
         return self.require(self.standard_verdicts(ref, got, tol) + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
-        """Record the verdicts' figures; raise AssertionError with every failure message."""
+        """Record the verdicts and their figures; raise CheckFailures (every verdict, every failure message) when
+        one failed."""
+        self.verdicts += verdicts
         for verdict in verdicts:
             self.figures.update(verdict.figures)
-        problems = failed_messages(verdicts)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        if failed_messages(verdicts):
+            raise CheckFailures(self.verdicts)
         return verdicts

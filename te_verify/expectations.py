@@ -4,9 +4,10 @@
     [[xfail]]
     prefix = "lin4-w32.32.32.32.32-freeze1010"    # case-id prefix; or glob = "lin4-*-fp8delayed" (fnmatch on the
                                                   # case id); or nodeid = "<pytest node-id prefix>"
+    checks = ["gemm_work", "fp8_copies"]          # the checks the gap is about: every other check still judges
     reason = "thunder's TE executor computes wgrad for frozen weights"
     link = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
-    failure = "(frozen weight): 1 wgrad GEMM"     # optional: text the failure must contain, else it is another bug
+    failure = "(frozen weight): 1 wgrad GEMM"     # optional: text those checks' failure must contain
     family = "te_peft"                            # optional: only cases of this family (case ids recur across them)
     exclude = "*-freeze1111-*"                    # optional, with glob: case ids the pattern must not cover
     device = "cuda"                               # optional: "cpu" or "cuda"
@@ -16,11 +17,12 @@
     prefix = "lin2-"
     reason = "..."
 
-An entry applies to the cases whose backend is the file's stem. `xfail` entries are strict: an unexpected
-pass fails and names the entry to remove (`xpass_message`), and with `failure` a case that fails in some other
-way fails too (`failure_mismatch`). Entries that match no collected case are stale (`stale`).
-te_verify.expectations_update rewrites the files from a run's results, like `wpt update-expectations`.
-A malformed file raises ExpectationsError with a one-line message naming the file and line.
+An entry applies to the cases whose backend is the file's stem; every entry covering a case applies (two gaps of
+one case each cover their own checks). How a case is judged under its entries is te_verify.known_gaps: a known
+gap iff exactly the entries' checks fail as described; strict (a covered check that passes fails the case, naming
+the entry). Entries that match no collected case are stale (`stale`). te_verify.expectations_update rewrites the
+files from a run's results, like `wpt update-expectations`. A malformed file raises ExpectationsError with a
+one-line message naming the file and line.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 STATUSES = ("xfail", "skip")
-KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device"}
+KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device",
+        "checks"}
 SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
@@ -83,6 +86,8 @@ class Expectation:
     family: str | None = None
     # With glob: case-id pattern of cases the entry does not cover, or None.
     exclude: str | None = None
+    # The checks (Verdict.check names) the gap is about; xfail entries name at least one, skip entries none.
+    checks: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -95,7 +100,7 @@ class Expectation:
     def to_row(self) -> dict[str, str]:
         """The `expectation` field of a results.json row."""
         return {"file": self.file, "line": self.line, "prefix": self.key, "status": self.status, "reason": self.reason,
-                "link": self.link}
+                "link": self.link, "checks": list(self.checks)}
 
 
 def _fail(path: Path, line: int | None, what: str) -> ExpectationsError:
@@ -123,7 +128,9 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         if key not in KEYS:
             raise _fail(path, _key_line(text, key, line), f"unknown key {key!r} in [[{status}]] (allowed: {', '.join(sorted(KEYS))})")
     for key, value in entry.items():
-        if not isinstance(value, str):
+        if key == "checks":
+            _check_names(path, _key_line(text, key, line), value)
+        elif not isinstance(value, str):
             raise _fail(path, _key_line(text, key, line), f"{key} must be a string, got {value!r}")
     selectors = [k for k in SELECTORS if k in entry]
     if len(selectors) != 1:
@@ -135,8 +142,12 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         raise _fail(path, line, f"[[xfail]] {name!r}: missing 'link' (upstream URL)")
     if "exclude" in entry and "glob" not in entry:
         raise _fail(path, _key_line(text, "exclude", line), f"[[{status}]] {name!r}: 'exclude' narrows a 'glob' entry only")
-    if status == "skip" and "failure" in entry:
-        raise _fail(path, _key_line(text, "failure", line), f"[[skip]] {name!r}: 'failure' applies to xfail entries only")
+    for key in ("failure", "checks"):
+        if status == "skip" and key in entry:
+            raise _fail(path, _key_line(text, key, line), f"[[skip]] {name!r}: {key!r} applies to xfail entries only")
+    if status == "xfail" and "checks" not in entry:
+        raise _fail(path, line, f"[[xfail]] {name!r}: missing 'checks' (the check names the gap is about, e.g. "
+                                f"checks = [\"grad_parity\"])")
     link = entry.get("link", "")
     if link and not link.startswith(("http://", "https://")):
         raise _fail(path, _key_line(text, "link", line), f"link {link!r} is not an http(s) URL")
@@ -150,7 +161,15 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
                        te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
-                       failure=entry.get("failure"), family=entry.get("family"), exclude=entry.get("exclude"))
+                       failure=entry.get("failure"), family=entry.get("family"), exclude=entry.get("exclude"),
+                       checks=tuple(entry.get("checks", ())))
+
+
+def _check_names(path: Path, line: int, value: Any) -> None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise _fail(path, line, f"checks must be a non-empty list of check names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise _fail(path, line, f"checks {value!r} names a check twice")
 
 
 def load_file(path: Path) -> list[Expectation]:
@@ -173,7 +192,8 @@ def load_file(path: Path) -> list[Expectation]:
         index = counters[status]
         counters[status] += 1
         expectation = _check_entry(path, text, line, status, data[status][index])
-        first = seen.setdefault((expectation.status, expectation.key, expectation.family, expectation.te_version), line)
+        first = seen.setdefault((expectation.status, expectation.key, expectation.family, expectation.te_version,
+                                 expectation.checks), line)
         if first != line:
             raise _fail(path, line, f"duplicate [[{status}]] {expectation.key!r}, first at line {first}")
         entries.append(expectation)
@@ -225,12 +245,16 @@ def _covers(expectation: Expectation, case_id: str, nodeid: str, family: str | N
     return nodeid.startswith(str(expectation.nodeid))
 
 
-def match(expectations: list[Expectation], backend: str, case_id: str, nodeid: str, env: dict,
-          family: str | None = None) -> Expectation | None:
-    """The entry for this case, or None. The longest key wins, so a narrow entry overrides a broad one."""
-    found = [e for e in expectations
-             if e.backend == backend and _covers(e, case_id, nodeid, family) and applies(e, env)]
-    return max(found, key=lambda e: len(e.key), default=None)
+def covering(expectations: list[Expectation], backend: str, case_id: str, nodeid: str, env: dict,
+             family: str | None = None) -> list[Expectation]:
+    """Every entry covering this case whose conditions hold here, in file order."""
+    return [e for e in expectations
+            if e.backend == backend and _covers(e, case_id, nodeid, family) and applies(e, env)]
+
+
+def skip_entry(entries: list[Expectation]) -> Expectation | None:
+    """The skip entry among a case's entries (the longest key when several), or None: a skipped case runs no check."""
+    return max((e for e in entries if e.status == "skip"), key=lambda e: len(e.key), default=None)
 
 
 def current_env() -> dict:
@@ -242,9 +266,9 @@ def current_env() -> dict:
 
 
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:
-    """Entries named by results rows (their `expectation` field): what the controller of an xdist run, which
-    collects no items itself, passes to `stale`."""
-    rows_entries = [r["expectation"] for r in rows if r.get("expectation")]
+    """Entries named by results rows (their `gaps`, or the older single `expectation` field): what the controller
+    of an xdist run, which collects no items itself, passes to `stale`."""
+    rows_entries = [g for r in rows for g in (r.get("gaps") or ([r["expectation"]] if r.get("expectation") else []))]
     rows_entries += [gap for r in rows for gap in r.get("drawn_gaps", [])]  # met by specs a test drew
     named = {(Path(e["file"]).name, e.get("line"), e["prefix"]) for e in rows_entries}
     return {e for e in expectations if (Path(e.file).name, e.line, e.key) in named
@@ -268,27 +292,3 @@ def mark_reason(expectation: Expectation) -> str:
     """The reason given to pytest's xfail/skip mark: the gap, its link and where the entry lives."""
     link = expectation.link or "untriaged, no upstream link"
     return f"known gap: {expectation.reason} ({link}) [{expectation.where} {expectation.key!r}]"
-
-
-def mark_for(expectation: Expectation):
-    """`pytest.mark.xfail(strict=True, reason=...)` or `pytest.mark.skip(reason=...)` for the entry."""
-    import pytest
-
-    if expectation.status == "skip":
-        return pytest.mark.skip(reason=mark_reason(expectation))
-    return pytest.mark.xfail(strict=True, reason=mark_reason(expectation))
-
-
-def failure_mismatch(expectation: Expectation, failure: str) -> str | None:
-    """None when the failure is the entry's gap; else the message of a case that failed some other way."""
-    if expectation.failure is None or expectation.failure in failure:
-        return None
-    return (f"FAILED DIFFERENTLY: {expectation.where} [[{expectation.status}]] {expectation.key!r} expects a failure "
-            f"containing {expectation.failure!r} ({expectation.reason}); this one is another problem:\n{failure}")
-
-
-def xpass_message(expectation: Expectation) -> str:
-    """The failure of an unexpected pass: which entry to remove, and how."""
-    return (f"UNEXPECTED PASS: the case is listed as a known gap by {expectation.where} "
-            f"[[{expectation.status}]] {expectation.key!r} ({expectation.reason}) but it passed; remove that entry "
-            f"(or run `te-verify expectations update <report-dir>/results.json`)")

@@ -1,6 +1,6 @@
 """`te-verify expectations update`: rewrite expectations/*.toml from a run's results, like
-`wpt update-expectations`: new failures get "TODO: triage" entries, fixed ones are removed, reasons, links and
-conditions are kept (te_verify.expectations defines the files)."""
+`wpt update-expectations`: new failures get "TODO: triage" entries naming the checks that failed, entries whose
+checks passed are removed, reasons, links and conditions are kept (te_verify.expectations defines the files)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from te_verify.expectations import (_HEADER, _STEM, UNTRIAGED, Expectation, _covers, load_expectations,
                                     load_file)
+from te_verify.known_gaps import FAILED, GAP_PASSED
 
 
 @dataclass
@@ -22,7 +23,8 @@ class UpdateSummary:
     removed: list[tuple[str, str]] = field(default_factory=list)
     # (file:line, key, still-failing case ids) of entries replaced by per-case entries (some cases now pass).
     narrowed: list[tuple[str, str, list[str]]] = field(default_factory=list)
-    # (backend, case id) of failures that could not be mapped to a file (backend name is not a file stem).
+    # (backend, case id) of failures that could not be mapped to an entry (backend name is not a file stem, or the
+    # case raised outside its checks: no check to name).
     unmapped: list[tuple[str, str]] = field(default_factory=list)
     # Files written.
     files: list[str] = field(default_factory=list)
@@ -31,18 +33,20 @@ class UpdateSummary:
         out = [f"added {file}: xfail {case!r} ({UNTRIAGED})" for file, case in self.added]
         out += [f"removed {where}: {key!r} (its cases pass now)" for where, key in self.removed]
         out += [f"narrowed {where}: {key!r} -> {len(ids)} case entries still failing" for where, key, ids in self.narrowed]
-        out += [f"skipped backend {b!r}, case {c!r}: backend name is not a file stem" for b, c in self.unmapped]
+        out += [f"skipped backend {b!r}, case {c!r}: not a file stem, or no failing check to name" for b, c in self.unmapped]
         return out or ["expectations are up to date"]
 
 
 def _toml_str(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)  # a JSON string literal is a valid TOML basic string
+    return json.dumps(value, ensure_ascii=False)  # a JSON string (or list of strings) is valid TOML
 
 
-def format_entry(status: str, fields: dict[str, str | None]) -> str:
+def format_entry(status: str, fields: dict) -> str:
     """One `[[status]]` table with keys in a fixed order."""
-    order = ("prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device")
-    body = [f"{k} = {_toml_str(fields[k])}" for k in order if fields.get(k) is not None]
+    order = ("prefix", "glob", "exclude", "nodeid", "family", "checks", "reason", "link", "failure", "te_version",
+             "device")
+    body = [f"{k} = {_toml_str(list(fields[k]) if k == 'checks' else fields[k])}" for k in order
+            if fields.get(k) is not None and fields.get(k) != ()]
     return "\n".join([f"[[{status}]]", *body]) + "\n"
 
 
@@ -73,27 +77,47 @@ def _rewrite(path: Path, replace: dict[int, str], append: list[str]) -> None:
     load_file(path)  # the rewritten file must load; a bug here must not leave a file that breaks the next run
 
 
-def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, directory: Path):
-    """Per file: {header line: replacement text} and entries to append."""
+def _entry_of(gap: dict, entries: list[Expectation]) -> Expectation | None:
     by_row = {(e.file, e.status, e.key): e for e in entries}
     by_name = {(Path(e.file).name, e.status, e.key): e for e in entries}
+    key = (gap["file"], gap["status"], gap["prefix"])
+    return by_row.get(key) or by_name.get((Path(key[0]).name, key[1], key[2]))
+
+
+def _entry_passed(entry: Expectation, row: dict) -> bool:
+    """Did every check of the entry pass in this row (its per-check states; else the row's outcome)?"""
+    states = row.get("checks")
+    if states:
+        return all(states.get(name) == GAP_PASSED for name in entry.checks)
+    return row["outcome"] == "xpassed"
+
+
+def _new_failure(row: dict, entries: list[Expectation], summary: UpdateSummary) -> list[str]:
+    """The checks a failed row needs a new entry for: those that failed with no entry covering them."""
+    case_id = row.get("case_id")
+    failing = [name for name, state in (row.get("checks") or {}).items() if state == FAILED]
+    if not _STEM.match(row["backend"]) or not failing:
+        summary.unmapped.append((row["backend"], case_id))
+        return []
+    covered = {name for e in entries if e.backend == row["backend"]
+               and _covers(e, case_id, row["nodeid"], row.get("family")) for name in e.checks}
+    return [name for name in failing if name not in covered]
+
+
+def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, directory: Path):
+    """Per file: {header line: replacement text} and entries to append."""
     outcomes: dict[Expectation, dict[str, str]] = defaultdict(dict)
-    new_failures: dict[str, list[str]] = defaultdict(list)
+    new_failures: dict[str, dict[str, list[str]]] = defaultdict(dict)
     for row in rows:
-        exp_row, case_id = row.get("expectation"), row.get("case_id")
-        if exp_row:
-            key = (exp_row["file"], exp_row["status"], exp_row["prefix"])
-            entry = by_row.get(key) or by_name.get((Path(key[0]).name, key[1], key[2]))
-            if entry is not None and entry.status == "xfail" and row["outcome"] in ("xfailed", "xpassed"):
-                outcomes[entry][case_id or row["nodeid"]] = row["outcome"]
-        elif row["outcome"] in ("failed", "error") and case_id:
-            if not _STEM.match(row["backend"]):
-                summary.unmapped.append((row["backend"], case_id))
-            elif any(e.backend == row["backend"] and _covers(e, case_id, row["nodeid"], row.get("family"))
-                     for e in entries):
-                continue  # an entry already covers it (e.g. added by an earlier update from the same results)
-            elif case_id not in new_failures[row["backend"]]:
-                new_failures[row["backend"]].append(case_id)
+        case_id = row.get("case_id")
+        for gap in row.get("gaps") or ([row["expectation"]] if row.get("expectation") else []):
+            entry = _entry_of(gap, entries)
+            if entry is not None and entry.status == "xfail" and row["outcome"] in ("xfailed", "xpassed", "failed"):
+                outcomes[entry][case_id or row["nodeid"]] = "xpassed" if _entry_passed(entry, row) else "xfailed"
+        if row["outcome"] in ("failed", "error") and case_id and case_id not in new_failures[row["backend"]]:
+            checks = _new_failure(row, entries, summary)
+            if checks:
+                new_failures[row["backend"]][case_id] = checks
     replace: dict[Path, dict[int, str]] = defaultdict(dict)
     for entry, results in outcomes.items():
         still = sorted(c for c, outcome in results.items() if outcome != "xpassed")
@@ -106,10 +130,11 @@ def _plan(rows: list[dict], entries: list[Expectation], summary: UpdateSummary, 
         else:
             summary.removed.append((entry.where, entry.key))
     append: dict[Path, list[str]] = defaultdict(list)
-    for backend, case_ids in new_failures.items():
+    for backend, failures in new_failures.items():
         path = directory / f"{backend}.toml"
-        for case_id in case_ids:
-            append[path].append(format_entry("xfail", {"prefix": case_id, "reason": UNTRIAGED, "link": ""}))
+        for case_id, checks in failures.items():
+            append[path].append(format_entry("xfail", {"prefix": case_id, "checks": checks, "reason": UNTRIAGED,
+                                                       "link": ""}))
             summary.added.append((str(path), case_id))
     return replace, append
 

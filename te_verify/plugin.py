@@ -15,8 +15,10 @@ import pytest
 
 from te_verify import compat, environment
 from te_verify import device as run_device
-from te_verify.expectations import (ExpectationsError, current_env, failure_mismatch, load_expectations, mark_for,
-                                    match, seen_in_rows, stale, stale_message, xpass_message)
+from te_verify.checks.verdict import CheckFailures
+from te_verify.expectations import (ExpectationsError, covering, current_env, load_expectations, mark_reason,
+                                    seen_in_rows, skip_entry, stale, stale_message)
+from te_verify.known_gaps import Judgement, check_results, judge
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
@@ -28,7 +30,7 @@ from te_verify.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTATION = pytest.StashKey[object]()
+GAPS = pytest.StashKey[list]()  # the expectation entries covering an item (one skip entry, or xfail entries)
 DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met by specs a test drew
 
 
@@ -185,12 +187,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         run = _case_of(item)
         backend = run.backend_name if run else _drawn_backend(item)
         if run:
-            entry = match(session.expectations, backend, run.spec.id, item.nodeid, session.env, run.spec.family)
+            entries = covering(session.expectations, backend, run.spec.id, item.nodeid, session.env, run.spec.family)
         else:  # a test drawing its own specs: only nodeid entries name it (glob entries cover its drawn specs)
-            entry = match(nodeid_entries, backend, item.name, item.nodeid, session.env)
-        if entry is not None:
-            item.add_marker(mark_for(entry))
-            item.stash[EXPECTATION] = entry
+            entries = covering(nodeid_entries, backend, item.name, item.nodeid, session.env)
+        skip = skip_entry(entries)
+        if skip is not None:
+            item.add_marker(pytest.mark.skip(reason=mark_reason(skip)))
+            entries = [skip]
+        if entries:
+            item.stash[GAPS] = entries
 
 
 def _case_of(item: pytest.Item) -> CaseRun | None:
@@ -200,14 +205,18 @@ def _case_of(item: pytest.Item) -> CaseRun | None:
 
 
 def known_gap(request: pytest.FixtureRequest, backend: str, spec, failure: BaseException) -> bool:
-    """For a test that draws its own specs: is this drawn spec's failure a recorded gap, i.e. an xfail entry
-    covers the spec and its `failure` text is in the message? Such entries are not strict (a drawn spec they
-    cover may pass); what matched is noted on the test's row (`drawn_gaps`)."""
+    """For a test that draws its own specs: is this drawn spec's failure exactly recorded gaps, judged check by
+    check as a collected case is? Such entries are not strict (a drawn spec they cover may pass); what matched is
+    noted on the test's row (`drawn_gaps`)."""
     session = request.config.stash[SESSION]
-    entry = match(session.expectations, backend, spec.id, "", session.env, spec.family)
-    if entry is None or entry.status != "xfail" or entry.failure is None or entry.failure not in str(failure):
+    entries = [e for e in covering(session.expectations, backend, spec.id, "", session.env, spec.family)
+               if e.status == "xfail"]
+    if not entries or not isinstance(failure, CheckFailures):
         return False
-    request.node.stash.setdefault(DRAWN_GAPS, {})[entry.key] = {**entry.to_row(), "case_id": spec.id}
+    if judge(entries, check_results(failure.verdicts)).outcome != "xfailed":
+        return False
+    for entry in entries:
+        request.node.stash.setdefault(DRAWN_GAPS, {})[entry.key] = {**entry.to_row(), "case_id": spec.id}
     return True
 
 
@@ -242,29 +251,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     }
     if item.stash.get(DRAWN_GAPS, None):
         row["drawn_gaps"] = list(item.stash[DRAWN_GAPS].values())
-    entry = item.stash.get(EXPECTATION, None)
-    if entry is not None:
-        _check_failure_text(entry, report, call)
+    entries = item.stash.get(GAPS, [])
+    if entries:
+        row["expectation"], row["gaps"] = entries[0].to_row(), [e.to_row() for e in entries]
+    judgement = _judge_call(entries, run, report, call)
+    if judgement is not None:
+        row["checks"] = judgement.checks
         row["outcome"], row["reason"] = outcome_of(report), reason_of(report)
-        row["expectation"] = entry.to_row()
-        if row["outcome"] == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
+        if judgement.outcome == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
             row["observed"] = str(call.excinfo.value)[:2000]
-        if report.failed and "XPASS(strict)" in str(report.longrepr):
-            report.longrepr = xpass_message(entry)
-            row["outcome"], row["reason"] = "xpassed", xpass_message(entry)
+        if judgement.outcome == "xpassed":
+            row["outcome"], row["reason"] = "xpassed", judgement.message
     if report.failed and row["outcome"] != "xpassed":
         _add_repro_hint(item.config, report, row)
     report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
 
 
-def _check_failure_text(entry, report: pytest.TestReport, call: pytest.CallInfo) -> None:
-    """An expected failure must be the entry's gap: a case failing some other way is reported as failed."""
-    if not hasattr(report, "wasxfail") or not report.skipped or call.excinfo is None:
-        return
-    mismatch = failure_mismatch(entry, str(call.excinfo.value))
-    if mismatch is not None:
-        del report.wasxfail
-        report.outcome, report.longrepr = "failed", mismatch
+def _judge_call(entries: list, run: CaseRun | None, report: pytest.TestReport, call: pytest.CallInfo) -> Judgement | None:
+    """Judge a case's call phase check by check (te_verify.known_gaps) and set the report's outcome to match:
+    xfailed when exactly its known gaps failed as described, failed when anything else failed or a covered check
+    passed. None for a phase or a test that ran no check (a skip, a harness error, a test without a case)."""
+    if report.when != "call" or report.skipped or any(e.status == "skip" for e in entries):
+        return None
+    failure = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(failure, CheckFailures):
+        verdicts = failure.verdicts
+    elif failure is None and (run is not None or entries):  # passed: every check it ran (an entry's absent one fails)
+        verdicts = run.verdicts if run is not None else []
+    else:
+        return None
+    judgement = judge([e for e in entries if e.status == "xfail"], check_results(verdicts))
+    if judgement.outcome == "xfailed":
+        report.outcome, report.wasxfail = "skipped", judgement.message
+    elif judgement.outcome in ("failed", "xpassed") and entries:
+        report.outcome, report.longrepr = "failed", judgement.message
+    return judgement
 
 
 def _add_repro_hint(config: pytest.Config, report: pytest.TestReport, row: dict) -> None:

@@ -12,6 +12,7 @@ from te_verify import te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.caserun import CaseRun
+from te_verify.checks.ending import ending
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.state import output_parity, state_left_behind
@@ -72,6 +73,7 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     ref = run_mean_reduced(spec, EagerBackend())
     tol = tolerance_for(spec, name)
     return case.require([output_parity(spec.id, name, output_reference(spec), got, tol),
+                         ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
                          grad_parity(spec.id, name, ref, got, tol),
                          state_left_behind(spec.id, name, ref, got, tol),

@@ -1,8 +1,12 @@
 """How a run ended: completed every backward pass, or raised (which class, at which pass); and how far a replay's
-gradients drifted from the first pass's. Shared by the replay, parity and presence checks, so that no check can
-pass a run that ended otherwise than its reference."""
+gradients drifted from the first pass's.
+
+`ending` is the check of it. A raise at pass k is the outcome of the passes from k on: the gradient checks still
+compare the passes before it (`passes_compared`), so a known gap about a raise (TE issue 990) covers `ending` and
+leaves the first pass's gradients judged."""
 from __future__ import annotations
 
+from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
 
 
@@ -38,3 +42,17 @@ def ending_mismatch(ref: Record, got: Record) -> str | None:
     if same:
         return None
     return f"{_describe(got)}, but {ref.backend} {_describe(ref)}" + (_drift_note(got) if ref.error is not None else "")
+
+
+def passes_compared(ref: Record, got: Record) -> int:
+    """How many backward passes both runs completed: the passes the gradient checks compare."""
+    return min(ref.passes_done, got.passes_done)
+
+
+def ending(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+    """The run ended as the reference's: both completed every pass, or both raised the same class at the same pass."""
+    figures = {"passes_ref": ref.passes_done, "passes_got": got.passes_done}
+    mismatch = ending_mismatch(ref, got)
+    if mismatch is None:
+        return Verdict("ending", True, figures=figures)
+    return Verdict("ending", False, f"[{case_id}] backend {backend}: {mismatch}", figures)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from te_verify.checks.ending import ending_mismatch
+from te_verify.checks.ending import passes_compared
 from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
@@ -69,16 +69,15 @@ def worst_errors(ref: dict, got: dict) -> tuple[float, float]:
 
 
 def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1) -> Verdict:
-    """Compare the gradients after backward pass `pass_index` (default: the last one both completed); a run that
-    ended otherwise than the reference's (raised where it completed, or the reverse) fails here too."""
-    mismatch = ending_mismatch(ref, got)
-    if mismatch is not None:
-        return Verdict("grad_parity", False, f"[{case_id}] backend {backend}: {mismatch}")
-    if not ref.grads or not got.grads:
-        return Verdict("grad_parity", True, figures={})  # both raised alike: no gradients to compare
-    ref_grads, got_grads = ref.grads[pass_index], got.grads[pass_index]
+    """Compare the gradients after backward pass `pass_index` (default: the last one both runs completed; how each
+    run ended is the `ending` check's, so a raise at pass k leaves the passes before it compared)."""
+    both = passes_compared(ref, got)
+    if both == 0:
+        return Verdict("grad_parity", True, figures={"passes_compared": 0})  # no pass to compare: `ending` judges
+    index = both - 1 if pass_index == -1 else pass_index
+    ref_grads, got_grads = ref.grads[index], got.grads[index]
     abs_err, rel_err = worst_errors(ref_grads, got_grads)
-    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol}
+    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol, "passes_compared": both}
     problems = grad_mismatches(ref_grads, got_grads, tol, "")
     if not problems:
         return Verdict("grad_parity", True, figures=figures)

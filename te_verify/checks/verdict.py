@@ -17,6 +17,14 @@ class Verdict:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+class CheckFailures(AssertionError):
+    """A case whose checks did not all pass: carries every verdict, so known gaps are judged check by check."""
+
+    def __init__(self, verdicts: list[Verdict]) -> None:
+        super().__init__("\n".join(failed_messages(verdicts)))
+        self.verdicts = list(verdicts)
+
+
 def failed_messages(verdicts: list[Verdict]) -> list[str]:
     return [v.message for v in verdicts if not v.ok]
 

@@ -28,8 +28,8 @@ from te_verify import device as run_device
 from te_verify import environment
 from te_verify.distributed.case_runner import DistCase, run_dist_case
 from te_verify.distributed.wrappers import WrapperError
-from te_verify.expectations import (ExpectationsError, failure_mismatch, load_expectations, mark_reason, match,
-                                    xpass_message)
+from te_verify.expectations import ExpectationsError, covering, load_expectations, mark_reason, skip_entry
+from te_verify.known_gaps import check_results, judge
 from te_verify.distributed.pool import PoolResult, backend_for
 from te_verify.distributed.verify import dist_verdicts, rank_peaks
 from te_verify.matrix_dist import FAMILIES
@@ -80,12 +80,18 @@ def _row(spec, outcome: str, reason: str, duration: float, figures: dict) -> dic
             "device": str(run_device.active())}
 
 
-def row(spec, result: PoolResult, duration: float) -> dict:
-    """The case's row from every rank's outcome; a failure names each rank that failed and how."""
+def row(spec, result: PoolResult, duration: float, entries: list | None = None) -> dict:
+    """The case's row from every rank's outcome, judged check by check against its known gaps as the plugin judges
+    (te_verify.known_gaps); a failure names each rank that failed and how."""
     verdicts = dist_verdicts(spec, result)
     figures = {**rank_peaks(result), **{k: v for verdict in verdicts for k, v in verdict.figures.items()}}
-    failed = [v.message for v in verdicts if not v.ok]
-    return _row(spec, "failed" if failed else "passed", "\n".join(failed), duration, figures)
+    judgement = judge(entries or [], check_results(verdicts))
+    case_row = {**_row(spec, judgement.outcome, judgement.message, duration, figures), "checks": judgement.checks}
+    if entries:
+        case_row.update(expectation=entries[0].to_row(), gaps=[e.to_row() for e in entries])
+    if judgement.outcome == "xfailed":
+        case_row["observed"] = "\n".join(v.message for v in verdicts if not v.ok)[:2000]
+    return case_row
 
 
 def skipped_row(spec, world: int, entry=None) -> dict:
@@ -102,7 +108,7 @@ def start(choice: str | None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def gather_case(spec, rank: int, world: int, wrap: Callable | None = None) -> dict | None:
+def gather_case(spec, rank: int, world: int, wrap: Callable | None = None, entries: list | None = None) -> dict | None:
     """Run `spec` on every rank; rank 0 gets its row, the others None."""
     outcome, error, duration = run_one(spec, rank, world, wrap)
     gathered = [None] * world if rank == 0 else None
@@ -110,7 +116,7 @@ def gather_case(spec, rank: int, world: int, wrap: Callable | None = None) -> di
     if rank != 0:
         return None
     errors = {r: e for r, (_, e) in enumerate(gathered) if e}
-    return row(spec, PoolResult([o for o, _ in gathered], errors, 0.0, duration), duration)
+    return row(spec, PoolResult([o for o, _ in gathered], errors, 0.0, duration), duration, entries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,33 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for family in args.family or sorted(FAMILIES):
         for spec in FAMILIES[family](args.tier):
-            entry = match(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
-            if spec.dist.world_size != world or (entry is not None and entry.status == "skip"):
-                rows.append(skipped_row(spec, world, entry))
+            entries = covering(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
+            skip = skip_entry(entries)
+            if spec.dist.world_size != world or skip is not None:
+                rows.append(skipped_row(spec, world, skip))
                 continue
-            case_row = gather_case(spec, rank, world, wrap)
+            case_row = gather_case(spec, rank, world, wrap, entries)
             if case_row is not None:
-                rows.append(apply_expectation(case_row, entry))
+                rows.append(case_row)
     code = [exit_code(rows)]
     if rank == 0:
         write(args, rows, started, places)
     dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
     dist.barrier()  # no rank exits while a peer still talks to it
     return code[0]
-
-
-def apply_expectation(row: dict, entry) -> dict:
-    """The row as the plugin would report it under `entry`: a known gap failing as described is xfailed; one
-    failing otherwise stays failed (FAILED DIFFERENTLY); a case passing where a gap is recorded is xpassed."""
-    if entry is None:
-        return row
-    row = {**row, "expectation": entry.to_row()}
-    if row["outcome"] == "passed":
-        return {**row, "outcome": "xpassed", "reason": xpass_message(entry)}
-    mismatch = failure_mismatch(entry, row["reason"])
-    if mismatch is not None:
-        return {**row, "reason": mismatch}
-    return {**row, "outcome": "xfailed", "observed": row["reason"][:2000], "reason": mark_reason(entry)}
 
 
 def exit_code(rows: list[dict]) -> int:

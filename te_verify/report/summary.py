@@ -35,6 +35,31 @@ def _ratio_text(cell: dict[str, Any]) -> str:
     return ", ".join(f"{k.removesuffix('_ratio')} {v:.2f}" for k, v in sorted(ratios.items())) or "-"
 
 
+def known_gap_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One table row per known-gap entry that held: its cases and the case-checks it covers (a gap covers only the
+    checks it names; every other check of those cases judged)."""
+    gaps: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        if row["outcome"] != "xfailed":
+            continue
+        states = row.get("checks") or {}
+        for gap in row.get("gaps") or ([row["expectation"]] if row.get("expectation") else []):
+            key = (gap["file"], gap.get("line"), gap["prefix"])
+            entry = gaps.setdefault(key, {"gap": gap, "cases": 0, "covered": 0, "judged": 0})
+            entry["cases"] += 1
+            entry["covered"] += sum(states.get(name) == "known gap" for name in gap.get("checks", []))
+            entry["judged"] += sum(name not in gap.get("checks", []) for name in states)
+    if not gaps:
+        return []
+    lines = ["", "## Known gaps (each covers only the checks it names)", "",
+             "| entry | checks | cases | case-checks covered | other case-checks still judged | link |", "|---|---|---|---|---|---|"]
+    for (file, line, prefix), entry in sorted(gaps.items(), key=lambda kv: (-kv[1]["covered"], str(kv[0]))):
+        gap = entry["gap"]
+        lines.append(f"| `{file.split('/')[-1]}:{line}` {prefix} | {', '.join(gap.get('checks', [])) or '-'} | "
+                     f"{entry['cases']} | {entry['covered']} | {entry['judged']} | {gap.get('link') or 'untriaged'} |")
+    return lines
+
+
 def render_summary(results: dict[str, Any]) -> str:
     header, rows = results["header"], results["rows"]
     table = cells(rows)
@@ -72,6 +97,7 @@ def render_summary(results: dict[str, Any]) -> str:
     if overheads:
         lines += ["", f"Distributed rank-pool overhead per case: median {statistics.median(overheads):.4f} s, "
                       f"max {max(overheads):.4f} s over {len(overheads)} cases (round trip minus the slowest rank's compute; pool start-up excluded)"]
+    lines += known_gap_lines(rows)
     failures = [r for r in rows if r["outcome"] in ("failed", "error", "xpassed")]
     if failures:
         lines += ["", "## Failures", ""]
