@@ -78,7 +78,8 @@ def _expectations(tmp_path: Path, prefix: str) -> Path:
     folder = tmp_path / "expectations"
     folder.mkdir()
     (folder / "eager.toml").write_text(
-        f'[[xfail]]\nprefix = "{prefix}"\nreason = "planted"\nlink = "https://example.org/planted"\n')
+        f'[[xfail]]\nprefix = "{prefix}"\nchecks = ["grad_parity"]\nreason = "planted"\n'
+        'link = "https://example.org/planted"\n')
     return folder
 
 
@@ -105,7 +106,8 @@ def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
     folder = tmp_path / "expectations"
     folder.mkdir()
     (folder / "eager.toml").write_text('[[xfail]]\nnodeid = "cases/test_generated.py::test_generated[eager]"\n'
-                                       'reason = "planted"\nlink = "https://example.org/planted"\n')
+                                       'checks = ["grad_parity"]\nreason = "planted"\n'
+                                       'link = "https://example.org/planted"\n')
     proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "eager", "--max-examples", "3",
                       "--expectations", str(folder), "-rA")
     assert proc.returncode == 1 and "XPASS(strict)" not in proc.stdout  # the plugin rewrites it to name the entry
@@ -119,8 +121,8 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
     folder = tmp_path / "expectations"
     folder.mkdir()
     (folder / "planted_wrong_output.toml").write_text(
-        f'[[xfail]]\nglob = "*"\nfamily = "generated"\nreason = "planted"\nlink = "https://example.org/planted"\n'
-        f'failure = "{failure}"\n')
+        f'[[xfail]]\nglob = "*"\nfamily = "generated"\nchecks = ["output_parity"]\nreason = "planted"\n'
+        f'link = "https://example.org/planted"\nfailure = "{failure}"\n')
     proc = run_pytest("cases/test_generated.py::test_generated", "--tier", "nightly",
                       "--backend", "planted_backends:WrongOutput",
                       "--max-examples", "5", "--hypothesis-seed", "1", "--expectations", str(folder),

@@ -71,7 +71,8 @@ def shard_runs(tmp_path_factory) -> tuple[dict, str]:
     base = tmp_path_factory.mktemp("shards")
     (base / "expectations").mkdir()
     (base / "expectations" / "eager.toml").write_text(
-        f'[[xfail]]\nprefix = "{STALE}"\nreason = "planted"\nlink = "https://example.org/planted"\n')
+        f'[[xfail]]\nprefix = "{STALE}"\nchecks = ["grad_parity"]\nreason = "planted"\n'
+        'link = "https://example.org/planted"\n')
     dirs = {k: base / f"shard{k or 0}" for k in (None, *SHARDS)}
     _, output = pytest_runs({k: [*SELECTION, *shard_args(k), "--report-dir", str(d), "--junitxml", str(d / "junit.xml"),
                                  "--expectations", str(base / "expectations")] for k, d in dirs.items()})

@@ -98,20 +98,27 @@ def test_a_planted_failing_case_exits_non_zero(tmp_path):
 
 
 def test_expectations_apply_as_in_the_plugin(tmp_path):
-    """The same planted failure recorded as a known gap exits 0 (xfailed); recorded with another failure text
-    it stays failed; a gap recorded for a passing case fails as an unexpected pass."""
+    """The same planted failure recorded as a known gap of its checks exits 0 (xfailed); recorded with another
+    failure text it stays failed; recorded for one of its two failing checks it fails naming the other; a gap
+    recorded for a passing case fails as an unexpected pass."""
     case = ddp_specs("smoke")[0].id
     folder = tmp_path / "expectations"
     folder.mkdir()
     entry = f'[[xfail]]\nprefix = "{case}"\nreason = "planted"\nlink = "https://example.org/planted"\n'
-    (folder / "ddp.toml").write_text(entry + 'failure = "grad of 0.weight"\n')
+    both = 'checks = ["dist_grad_parity", "gradient_volume"]\n'
+    (folder / "ddp.toml").write_text(entry + both + 'failure = "grad of 0.weight"\n')
     planted = ("--wrap", "planted_wrappers:ddp_skipping_first_weight", "--expectations", str(folder))
     proc, rows = run_one_node(tmp_path / "known", *planted)
     assert proc.returncode == 0 and [r["outcome"] for r in rows] == ["xfailed"], proc.stdout[-3000:]
-    assert "grad of 0.weight" in rows[0]["observed"]
-    (folder / "ddp.toml").write_text(entry + 'failure = "some other gap"\n')
+    assert "grad of 0.weight" in rows[0]["observed"] and rows[0]["checks"]["gradient_volume"] == "known gap"
+    (folder / "ddp.toml").write_text(entry + both + 'failure = "some other gap"\n')
     proc, rows = run_one_node(tmp_path / "other", *planted)
     assert proc.returncode == 1 and rows[0]["outcome"] == "failed" and "FAILED DIFFERENTLY" in rows[0]["reason"]
+    (folder / "ddp.toml").write_text(entry + 'checks = ["dist_grad_parity"]\n')
+    proc, rows = run_one_node(tmp_path / "beside", *planted)
+    assert proc.returncode == 1 and rows[0]["outcome"] == "failed"
+    assert "FAILED BESIDE A KNOWN GAP: check 'gradient_volume' failed" in rows[0]["reason"]
+    (folder / "ddp.toml").write_text(entry + both)
     proc, rows = run_one_node(tmp_path / "clean", "--expectations", str(folder))
     assert proc.returncode == 1 and rows[0]["outcome"] == "xpassed" and "UNEXPECTED PASS" in rows[0]["reason"]
 
