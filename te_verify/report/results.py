@@ -58,6 +58,8 @@ def reason_of(report) -> str:
     if report.skipped and isinstance(report.longrepr, tuple):
         return report.longrepr[2].removeprefix("Skipped: ")
     if report.failed:
+        if isinstance(report.longrepr, str):  # the plugin's own message (known gaps judged): its head says why
+            return report.longrepr[:4000]
         crash = getattr(report.longrepr, "reprcrash", None)
         return crash.message if crash else str(report.longrepr)[-2000:]
     return ""
