@@ -1,7 +1,8 @@
 """te-verify: run the cases and write the report; diff two nights; re-render a report; update expectations.
 
     te-verify run [--tier pr] [--backend NAME|pkg.mod:attr ...] [--report-dir DIR] [--device D] [--shard K/N]
-                  [--workers N] [pytest args]
+                  [--workers N] [--resume DIR] [pytest args]
+    te-verify report DIR                (re-render a report folder, a killed run's partial one included)
     te-verify report diff OLD/results.json NEW/results.json
     te-verify report merge SHARD1 SHARD2 ... --out DIR
     te-verify report html RESULTS.json [--out report.html]
@@ -35,18 +36,35 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Run cases/ under pytest with xdist; 0 only when nothing unexpectedly failed."""
     import pytest
 
-    report_dir = Path(args.report_dir) if args.report_dir else default_report_dir()
+    report_dir = Path(args.resume or args.report_dir or default_report_dir())
     argv = [str(CASES), "-q", "-p", "no:cacheprovider", "--tier", args.tier, "--report-dir", str(report_dir),
             "--junitxml", str(report_dir / "junit.xml"), "-n", str(args.workers or default_workers())]
     for backend in args.backend:
         argv += ["--backend", backend]
-    for option in ("te_impl", "device", "shard"):
+    for option in ("te_impl", "device", "shard", "resume"):
         if getattr(args, option):
             argv += ["--" + option.replace("_", "-"), getattr(args, option)]
     code = pytest.main(argv + extra)
     if (report_dir / "results.json").exists():  # not after a usage error: its one line says it all
         print(f"te-verify: report in {report_dir}")
     return int(code)
+
+
+def render_folder(report_dir: Path) -> int:
+    """`te-verify report DIR`: every artefact of the run in DIR from its rows.jsonl, marked incomplete (with the
+    cases that never ran) when the run was killed before it finished."""
+    from te_verify.report.stream import StreamError, incomplete_line, partial_results
+    from te_verify.report.writer import write_report
+
+    try:
+        results = partial_results(report_dir)
+    except StreamError as exc:
+        print(f"te-verify report: {exc}", file=sys.stderr)
+        return 2
+    write_report(report_dir, results, results["header"].get("backend_paths"))
+    print(f"te-verify: report in {report_dir}" + (f" ({incomplete_line(results['header'])})"
+                                                  if results["header"].get("incomplete") else ""))
+    return 0
 
 
 def expectations_update(args: argparse.Namespace) -> int:
@@ -75,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--te-impl", default=None, help="reference, transformer_engine or package.module")
     run_p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     run_p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (merge with report merge)")
+    run_p.add_argument("--resume", default=None, metavar="DIR",
+                       help="finish the killed run in DIR (same selection): only its cases without a row run")
     run_p.add_argument("--workers", default=None,
                        help="pytest-xdist workers (-n; default: one per GPU with CUDA, else one per core)")
     report_p = sub.add_parser("report", help="report tools: diff two results.json files, merge shard reports, "
@@ -97,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         from te_verify.report import merge
 
         return merge.main(argv[2:])
+    if argv[:1] == ["report"] and len(argv) == 2 and Path(argv[1]).is_dir():
+        return render_folder(Path(argv[1]))
     if argv[:2] == ["report", "html"]:
         from te_verify.report import html
 

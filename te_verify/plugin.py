@@ -25,7 +25,9 @@ from te_verify.compat import thunder_named_tensors
 from te_verify.matrix import TierError, check_tier
 from te_verify.report.repro import repro_hint
 from te_verify.report.results import outcome_of, reason_of
+from te_verify.report.stream import RowStream, crash_row
 from te_verify.report.writer import write_report
+from te_verify.resume import ResumeError, done_nodeids, load_previous
 from te_verify.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
@@ -57,6 +59,8 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="compute capability the tex emulation reports (sm89, sm90, sm100; default sm90)")
     group.addoption("--expectations", default=str(ROOT / "expectations"),
                     help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
+    group.addoption("--resume", default=None, metavar="DIR",
+                    help="finish the killed run whose report folder is DIR: run only its selected cases without a row")
 
 
 class Session:
@@ -76,6 +80,15 @@ class Session:
         self.backends = {name: resolve_backend(name) for name in names if name not in DIST_WRAPPERS}
         self.expectations = load_expectations(Path(config.getoption("expectations")))
         self.env = current_env()
+        self.report_dir = config.getoption("report_dir") or config.getoption("resume")
+        self.stream: RowStream | None = None  # the controller's rows.jsonl, open from session start
+        self.selection_written = False
+        # A --resume's earlier run (its stream) and the cases it finished: they are not run again.
+        worker = getattr(config, "workerinput", None)
+        resume = config.getoption("resume") if worker is None else None  # workers get the done cases from it
+        self.previous = load_previous(resume, self.header()) if resume else None
+        self.done = set(worker.get("te_verify_done", ())) if worker else set(
+            done_nodeids(self.previous) if self.previous else ())
 
     def lane_backends(self, lane: str) -> list[tuple[str, object]]:
         return [(b.name, b) for n, b in self.backends.items() if lane_of(n, b) == lane]
@@ -94,6 +107,7 @@ class Session:
             "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
             "compat": sorted(self.compat | set(compat.APPLIED)),
             "backends": {b.name: _availability(b) for b in self.backends.values()},
+            "dist_wrappers": list(self.dist_wrappers),
             "backend_paths": {b.name: n for n, b in self.backends.items()},
         }
 
@@ -123,7 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
         worker = getattr(config, "workerinput", {}).get("workerid")
         run_device.use(run_device.resolve(config.getoption("device"), worker))
         config.stash[SESSION] = Session(config)
-    except (TierError, BackendError, ExpectationsError, ShardError, ValueError) as exc:
+    except (TierError, BackendError, ExpectationsError, ShardError, ResumeError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -177,11 +191,11 @@ def _without_backend(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A lane with no selected backend collects nothing; known gaps become strict xfails (or skips) here,
     before anything runs."""
-    empty = [item for item in items if _without_backend(item)]
-    if empty:
-        items[:] = [item for item in items if not _without_backend(item)]
-        config.hook.pytest_deselected(items=empty)
     session = config.stash[SESSION]
+    empty = [item for item in items if _without_backend(item) or item.nodeid in session.done]  # done: --resume
+    if empty:
+        items[:] = [item for item in items if not (_without_backend(item) or item.nodeid in session.done)]
+        config.hook.pytest_deselected(items=empty)
     nodeid_entries = [e for e in session.expectations if e.nodeid is not None]
     for item in items:
         run = _case_of(item)
@@ -303,8 +317,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if key == ROW_KEY:
             row = json.loads(value)
             row["worker"] = getattr(report, "node", None) and report.node.gateway.id or "main"
-            session.compat.update(row.pop("compat"))
+            session.compat.update(row.pop("compat", []))
             session.rows.append(row)
+            if session.stream is not None:
+                session.stream.write("row", row)
 
 
 _CONTROLLER: list[Session] = []  # the controller's Session (or the only process's, without xdist)
@@ -313,18 +329,60 @@ _CONTROLLER: list[Session] = []  # the controller's Session (or the only process
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) collects rows
-        _CONTROLLER[:] = [session.config.stash[SESSION]]
+        state = session.config.stash[SESSION]
+        _CONTROLLER[:] = [state]
+        if state.report_dir:  # rows stream to disk as they finish: a killed run keeps them (--resume continues)
+            state.stream = RowStream(Path(state.report_dir), append=state.previous is not None)
+            if state.previous is None:
+                state.stream.write("header", {k: v for k, v in state.header().items() if k != "finished"})
+            else:
+                state.stream.write("resumed", {"run_id": state.run_id, "started": state.started.isoformat()})
+
+
+def _write_selection(nodeids: list[str]) -> None:
+    """The cases this run selected, once (a resumed run keeps its first run's selection)."""
+    state = _CONTROLLER[0] if _CONTROLLER else None
+    if state is not None and state.stream is not None and state.previous is None and not state.selection_written:
+        state.stream.write("selection", {"nodeids": list(nodeids)})
+        state.selection_written = True
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        _write_selection([item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    _write_selection(ids)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Every xdist worker deselects the cases a --resume's earlier run finished (the controller read them once)."""
+    node.workerinput["te_verify_done"] = sorted(node.config.stash[SESSION].done)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
+    """A case that killed its xdist worker (segfault, OOM kill) is a row of its own; xdist starts a new worker."""
+    report.user_properties.append((ROW_KEY, json.dumps(crash_row(crashitem, report))))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput") or not _CONTROLLER:
         return
     state = _CONTROLLER[0]
-    report_dir = session.config.getoption("report_dir")
-    if not report_dir:
+    if not state.report_dir:
         return
-    header = state.header()
-    write_report(Path(report_dir), {"schema_version": 1, "header": header, "rows": state.rows}, header["backend_paths"])
+    header, rows = state.header(), state.rows
+    if state.previous is not None:  # a resumed run: the earlier rows and this run's make one report
+        header.update(started=state.previous["header"]["started"], resumed=state.run_id,
+                      run_id=state.previous["header"]["run_id"])
+        rows = [*state.previous["rows"], *rows]
+    if state.stream is not None:
+        state.stream.close()
+    write_report(Path(state.report_dir), {"schema_version": 1, "header": header, "rows": rows}, header["backend_paths"])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -5,6 +5,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from te_verify.report.stream import incomplete_line
+
 SHOWN = ("passed", "failed", "xfailed", "skipped", "error", "xpassed")
 
 
@@ -60,6 +62,14 @@ def known_gap_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _incomplete_lines(header: dict[str, Any]) -> list[str]:
+    """A partial run's mark and the cases that never ran (te_verify.report.stream)."""
+    line = incomplete_line(header)
+    if line is None:
+        return []
+    return ["", f"**{line}**; never ran:", *[f"- `{nodeid}`" for nodeid in header["incomplete"]["never_ran"]]]
+
+
 def render_summary(results: dict[str, Any]) -> str:
     header, rows = results["header"], results["rows"]
     table = cells(rows)
@@ -72,6 +82,7 @@ def render_summary(results: dict[str, Any]) -> str:
         f"# te_verify summary: tier {header.get('tier')}, run {header.get('run_id')}",
         "",
         "Totals: " + ", ".join(f"{totals[o]} {o}" for o in SHOWN if totals.get(o)),
+        *_incomplete_lines(header),
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in header.get("versions", {}).items()),
         f"Device: {header.get('device')} (rows on {', '.join(header.get('devices') or ['?'])}); "

@@ -1,0 +1,100 @@
+"""A run that is killed keeps what it verified: rows stream to rows.jsonl as cases finish, `te-verify report DIR`
+renders the partial run, `--resume DIR` completes it, and a case that kills its worker is a row of its own."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from planted_crash import VICTIM
+
+from te_verify.report.stream import STREAM, read_stream
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "pr", "--backend", "eager", "--workers", "2"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "te_verify.cli", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _rows(folder: Path) -> list[str]:
+    path = folder / STREAM
+    return [line for line in path.read_text().split("\n") if '"kind": "row"' in line] if path.exists() else []
+
+
+def _kill_part_way(folder: Path, after_rows: int) -> None:
+    """Start the pr tier's eager cases in their own process group and SIGKILL the whole group once `after_rows`
+    rows are on disk."""
+    proc = subprocess.Popen([*RUN, "--report-dir", str(folder)], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(_rows(folder)) < after_rows and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _verdicts(folder: Path) -> dict[str, str]:
+    rows = json.loads((folder / "results.json").read_text())["rows"]
+    assert len({r["nodeid"] for r in rows}) == len(rows), "a case has two rows"
+    return {r["nodeid"]: r["outcome"] for r in rows}
+
+
+def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert subprocess.run([*RUN, "--report-dir", str(whole)], cwd=ROOT, env=ENV, capture_output=True,
+                          timeout=600).returncode == 0
+    expected = _verdicts(whole)
+    _kill_part_way(killed, after_rows=len(expected) // 3)
+    assert not (killed / "results.json").exists()  # results are written at the end: only the stream survived
+    lines = (killed / STREAM).read_text().split("\n")
+    for line in lines[:-1]:  # every line but a last one cut by the kill is whole JSON
+        assert not line or json.loads(line)["kind"] in ("header", "selection", "row")
+    stream = read_stream(killed / STREAM)
+    assert len(expected) // 3 <= len(stream["rows"]) < len(expected)
+    assert sorted(stream["selection"]) == sorted(expected)
+    assert all(expected[r["nodeid"]] == r["outcome"] for r in stream["rows"])  # each finished verdict kept
+
+    shown = _cli("report", str(killed))
+    assert shown.returncode == 0 and "incomplete:" in shown.stdout, shown.stderr
+    header = json.loads((killed / "results.json").read_text())["header"]
+    never_ran = header["incomplete"]["never_ran"]
+    assert len(never_ran) == len(expected) - len(stream["rows"]) and header["incomplete"]["selected"] == len(expected)
+    assert "incomplete:" in (killed / "summary.md").read_text() and never_ran[0] in (killed / "report.html").read_text()
+
+    resumed = subprocess.run([*RUN, "--resume", str(killed)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"{len(never_ran)} passed" in resumed.stdout or "deselected" in resumed.stdout
+    assert _verdicts(killed) == expected
+    assert "incomplete" not in json.loads((killed / "results.json").read_text())["header"]
+
+
+def test_a_resume_of_another_selection_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "run"
+    assert _cli("run", "--tier", "smoke", "--backend", "eager", "--workers", "1", "--report-dir", str(folder),
+                "-k", "freeze1010").returncode == 0
+    other = _cli("run", "--tier", "pr", "--backend", "eager", "--workers", "1", "--resume", str(folder))
+    errors = [line for line in other.stderr.splitlines() if line.startswith("ERROR:")]
+    assert other.returncode == 4 and len(errors) == 1, other.stderr[-2000:]
+    assert "tier differs: the run there has 'smoke', this one 'pr'" in errors[0]
+    missing = _cli("run", "--tier", "smoke", "--resume", str(tmp_path / "nothing"))
+    assert missing.returncode == 4 and "no rows.jsonl there" in missing.stderr
+
+
+def test_a_case_that_kills_its_worker_is_a_crashed_row_and_the_run_goes_on(tmp_path):
+    folder = tmp_path / "crash"
+    proc = _cli("run", "--tier", "smoke", "--backend", "planted_crash:KillsItsWorker", "--workers", "2",
+                "--report-dir", str(folder), "cases/test_freeze.py")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rows = {r["case_id"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
+    assert rows[VICTIM]["outcome"] == "error" and rows[VICTIM]["reason"].startswith("crashed: signal 9")
+    others = [r for case, r in rows.items() if case != VICTIM]
+    assert sum(r["outcome"] == "passed" for r in others) >= 4 and {r["outcome"] for r in others} <= {"passed", "skipped"}
