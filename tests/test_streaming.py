@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from planted_crash import VICTIM
+from report_fixtures import results, write
 
-from te_verify.report.stream import STREAM, read_stream
+from te_verify.report.stream import STREAM, RowStream, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
@@ -98,3 +99,24 @@ def test_a_case_that_kills_its_worker_is_a_crashed_row_and_the_run_goes_on(tmp_p
     assert rows[VICTIM]["outcome"] == "error" and rows[VICTIM]["reason"].startswith("crashed: signal 9")
     others = [r for case, r in rows.items() if case != VICTIM]
     assert sum(r["outcome"] == "passed" for r in others) >= 4 and {r["outcome"] for r in others} <= {"passed", "skipped"}
+
+
+def test_a_killed_shard_merges_as_an_incomplete_report(tmp_path):
+    """`te-verify report merge` takes a killed shard's folder (rows.jsonl, no results.json) as its partial run."""
+    killed, done = tmp_path / "s1", tmp_path / "s2"
+    first, second = results("shard-1"), results("shard-2")
+    first["header"]["shard"], second["header"]["shard"] = "1/2", "2/2"
+    stream = RowStream(killed)
+    stream.write("header", {k: v for k, v in first["header"].items() if k != "finished"})
+    stream.write("selection", {"nodeids": [r["nodeid"] for r in first["rows"][:3]]})
+    stream.write("row", first["rows"][0])
+    stream.close()
+    with open(killed / STREAM, "a") as handle:
+        handle.write('{"kind": "row", "nodeid": "cut sh')  # the line a kill cut short
+    second["rows"] = second["rows"][3:]
+    write(done / "results.json", second)
+    merged = _cli("report", "merge", str(killed), str(done), "--out", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr
+    header = json.loads((tmp_path / "merged" / "results.json").read_text())["header"]
+    assert header["incomplete"]["never_ran"] == [r["nodeid"] for r in first["rows"][1:3]]
+    assert "incomplete: 4 of 6 cases" in (tmp_path / "merged" / "summary.md").read_text()

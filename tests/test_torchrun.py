@@ -16,6 +16,7 @@ import pytest
 from te_verify.distributed.__main__ import row, skipped_row
 from te_verify.distributed.pool import PoolResult
 from te_verify.matrix_dist import ddp_specs
+from te_verify.report.stream import STREAM, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,9 @@ def test_two_node_torchrun_writes_one_report_from_rank_0(tmp_path):
     ids = [r["case_id"] for r in results["rows"]]
     assert sorted(ids) == sorted(s.id for s in ddp_specs("smoke")) and len(set(ids)) == len(ids)
     assert {r["outcome"] for r in results["rows"]} == {"passed"}
+    stream = read_stream(tmp_path / "node0" / STREAM)  # rank 0 streamed the same rows as they finished
+    assert sorted(r["nodeid"] for r in stream["rows"]) == sorted(stream["selection"]) == sorted(
+        r["nodeid"] for r in results["rows"])
 
 
 def test_a_case_failing_on_several_ranks_names_each_rank():

@@ -33,6 +33,7 @@ from te_verify.known_gaps import check_results, judge
 from te_verify.distributed.pool import PoolResult, backend_for
 from te_verify.distributed.verify import dist_verdicts, rank_peaks
 from te_verify.matrix_dist import FAMILIES
+from te_verify.report.stream import RowStream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,20 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     places = [None] * world
     dist.all_gather_object(places, f"{socket.gethostname()}/{run_device.active()}")
     env = {"te_version": None, "device": environment.device()}  # the distributed lane runs no TE
+    specs = [spec for family in args.family or sorted(FAMILIES) for spec in FAMILIES[family](args.tier)]
+    header = run_header(args, started, places)
+    stream = RowStream(Path(args.report_dir)) if rank == 0 and args.report_dir else None
+    if stream is not None:  # rank 0 streams each row as it finishes: a killed job keeps them
+        stream.write("header", header)
+        stream.write("selection", {"nodeids": [_nodeid(spec) for spec in specs]})
     rows = []
-    for family in args.family or sorted(FAMILIES):
-        for spec in FAMILIES[family](args.tier):
-            entries = covering(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
-            skip = skip_entry(entries)
-            if spec.dist.world_size != world or skip is not None:
-                rows.append(skipped_row(spec, world, skip))
-                continue
-            case_row = gather_case(spec, rank, world, wrap, entries)
-            if case_row is not None:
-                rows.append(case_row)
+    for spec in specs:
+        entries = covering(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
+        skip = skip_entry(entries)
+        if spec.dist.world_size != world or skip is not None:
+            rows.append(skipped_row(spec, world, skip))
+        elif (case_row := gather_case(spec, rank, world, wrap, entries)) is not None:
+            rows.append(case_row)
+        else:
+            continue
+        if stream is not None:
+            stream.write("row", rows[-1])
     code = [exit_code(rows)]
     if rank == 0:
-        write(args, rows, started, places)
+        write(args, rows, header)
     dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
     dist.barrier()  # no rank exits while a peer still talks to it
     return code[0]
@@ -155,20 +163,24 @@ def exit_code(rows: list[dict]) -> int:
     return int(any(r["outcome"] in ("failed", "xpassed") for r in rows))
 
 
-def write(args: argparse.Namespace, rows: list[dict], started: str, places: list[str]) -> None:
+def run_header(args: argparse.Namespace, started: str, places: list[str]) -> dict:
+    """The report header of this torchrun job (streamed first; `finished` is added at the end)."""
     from te_verify import compat
+
+    return {"run_id": f"torchrun-{os.getpid()}", "started": started, "tier": args.tier, "argv": sys.argv,
+            "versions": environment.versions(), "device": environment.device(), "devices": places, "shard": None,
+            "te_impl": {"name": "-", "why": "distributed lane uses torch.nn.Linear"}, "compat": list(compat.APPLIED),
+            "backends": {}}
+
+
+def write(args: argparse.Namespace, rows: list[dict], header: dict) -> None:
     from te_verify.report.writer import write_report
 
     counts = {o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failed", "xfailed", "xpassed", "skipped")}
     print(f"te_verify.distributed: {len(rows)} cases: " + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
     if not args.report_dir:
         return
-    header = {"run_id": f"torchrun-{os.getpid()}", "started": started,
-              "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(), "tier": args.tier,
-              "argv": sys.argv, "versions": environment.versions(), "device": environment.device(),
-              "devices": places, "shard": None,
-              "te_impl": {"name": "-", "why": "distributed lane uses torch.nn.Linear"}, "compat": list(compat.APPLIED),
-              "backends": {}}
+    header = {**header, "finished": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     path = write_report(Path(args.report_dir), {"schema_version": 1, "header": header, "rows": rows})
     print(f"te_verify.distributed: wrote {path}")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from te_verify.report.results import ResultsError, load_results, write_atomic
+from te_verify.report.stream import STREAM, StreamError, partial_results
 from te_verify.report.writer import write_report
 
 JUNIT_COUNTS = ("tests", "errors", "failures", "skipped")
@@ -36,8 +37,14 @@ class ShardReport:
 
 
 def load_report(path: Path) -> ShardReport:
-    """A report folder or its results.json; MergeError when it is not a te_verify report."""
+    """A report folder or its results.json; a killed shard's folder (rows.jsonl, no results.json) as its partial
+    run; MergeError when it is not a te_verify report."""
     results_path = path / "results.json" if path.is_dir() else path
+    if path.is_dir() and not results_path.exists() and (path / STREAM).exists():
+        try:
+            return ShardReport(path, partial_results(path))
+        except StreamError as exc:
+            raise MergeError(str(exc)) from None
     try:
         return ShardReport(results_path.parent, load_results(results_path))
     except ResultsError as exc:
@@ -102,6 +109,13 @@ def merged_header(reports: list[ShardReport]) -> dict:
         backends={k: v for h in headers for k, v in (h.get("backends") or {}).items()},
         backend_paths={k: v for h in headers for k, v in (h.get("backend_paths") or {}).items()},
     )
+    partial = [h["incomplete"] for h in headers if h.get("incomplete")]
+    header.pop("incomplete", None)
+    if partial:  # a killed shard: the merge is incomplete by what it never ran
+        header["incomplete"] = {"ran": sum(len(r.results["rows"]) for r in reports),
+                                "selected": None if any(p["selected"] is None for p in partial) else
+                                sum(len(r.results["rows"]) for r in reports) + sum(len(p["never_ran"]) for p in partial),
+                                "never_ran": [n for p in partial for n in p["never_ran"]]}
     return header
 
 
