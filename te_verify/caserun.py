@@ -24,10 +24,13 @@ from te_verify.spec import CaseSpec
 class CaseRun:
     """The `case` fixture's value: a spec, the backend under test, and the figures for its report row."""
 
-    def __init__(self, spec: CaseSpec, backend_name: str, backend: Backend | None) -> None:
+    def __init__(self, spec: CaseSpec, backend_name: str, backend: Backend | None,
+                 selection: dict | None = None) -> None:
         self.spec = spec
         self.backend_name = backend_name
         self.backend = backend
+        # For a pr-tier case: what the choice of its family x backend kept (te_verify.selection); None otherwise.
+        self.selection = selection
         self.figures: dict = {}
         # Every verdict the case's checks returned (require appends): the plugin judges known gaps from them.
         self.verdicts: list[Verdict] = []

@@ -28,6 +28,7 @@ from te_verify.report.results import outcome_of, reason_of
 from te_verify.report.stream import RowStream, crash_row
 from te_verify.report.writer import write_report
 from te_verify.resume import ResumeError, done_nodeids, load_previous
+from te_verify.selection import select_pr
 from te_verify.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
@@ -59,6 +60,8 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="compute capability the tex emulation reports (sm89, sm90, sm100; default sm90)")
     group.addoption("--expectations", default=str(ROOT / "expectations"),
                     help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
+    group.addoption("--pr-candidates", action="store_true",
+                    help="run every pr-tier candidate instead of the chosen pr tier (te_verify.selection)")
     group.addoption("--resume", default=None, metavar="DIR",
                     help="finish the killed run whose report folder is DIR: run only its selected cases without a row")
 
@@ -163,9 +166,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module
     specs = module.SPECS(session.tier)
     if module.LANE == "dist":
-        runs = [CaseRun(spec, spec.dist.wrapper, None) for spec in specs if spec.dist.wrapper in session.dist_wrappers]
+        groups = {w: (None, [s for s in specs if s.dist.wrapper == w]) for w in session.dist_wrappers}
     else:
-        runs = [CaseRun(spec, name, backend) for name, backend in session.lane_backends(module.LANE) for spec in specs]
+        groups = {name: (backend, specs) for name, backend in session.lane_backends(module.LANE)}
+    runs = []
+    for name, (backend, group) in groups.items():
+        selection = None
+        if session.tier == "pr" and not metafunc.config.getoption("pr_candidates") and group:
+            group, selection = select_pr(module.FAMILY, name, group)  # pairwise cover, weighted by cost
+        runs += [CaseRun(spec, name, backend, selection) for spec in group]
     # indirect: the `case` fixture below skips a backend that is unavailable here, with its reason
     metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}" for r in runs], indirect=True)
 
@@ -263,6 +272,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "compat": list(compat.APPLIED),
         "device": str(run_device.active()),
     }
+    if run is not None and run.selection is not None:
+        row["selection"] = run.selection
     if item.stash.get(DRAWN_GAPS, None):
         row["drawn_gaps"] = list(item.stash[DRAWN_GAPS].values())
     entries = item.stash.get(GAPS, [])

@@ -65,8 +65,9 @@ def test_report_header_names_versions_and_compat():
 
 
 def test_external_backend_runs_the_whole_pr_matrix(tmp_path):
+    """Every pr-tier candidate of the torch lane (--pr-candidates: no choice), each passing."""
     proc = run_pytest("cases", "--tier", "pr", "--backend", "external_backend:FunctionalCallBackend", "-n", "2",
-                      "--report-dir", str(tmp_path))
+                      "--report-dir", str(tmp_path), "--pr-candidates")
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     torch_lane = sum(len(gen("pr")) for gen in (*FAMILIES.values(), lora_specs, stage_specs))

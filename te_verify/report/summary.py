@@ -70,6 +70,20 @@ def _incomplete_lines(header: dict[str, Any]) -> list[str]:
     return ["", f"**{line}**; never ran:", *[f"- `{nodeid}`" for nodeid in header["incomplete"]["never_ran"]]]
 
 
+def selection_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What the pr tier's choice kept per family x backend (te_verify.selection): candidates, chosen, pairs."""
+    kept = {(r.get("family"), r.get("backend")): r["selection"] for r in rows if r.get("selection")}
+    if not kept:
+        return []
+    chosen, candidates = sum(k["chosen"] for k in kept.values()), sum(k["candidates"] for k in kept.values())
+    lines = ["", f"## The pr tier, chosen: {chosen} of {candidates} candidates cover every pair of factor values "
+                 f"of their family x backend ({sum(k['pairs'] for k in kept.values())} pairs)", "",
+             "| family | backend | chosen / candidates | pairs covered | measured s |", "|---|---|---|---|---|"]
+    lines += [f"| {f} | {b} | {k['chosen']} / {k['candidates']} | {k['pairs']} | {k['seconds']} |"
+              for (f, b), k in sorted(kept.items())]
+    return lines
+
+
 def render_summary(results: dict[str, Any]) -> str:
     header, rows = results["header"], results["rows"]
     table = cells(rows)
@@ -109,6 +123,7 @@ def render_summary(results: dict[str, Any]) -> str:
         lines += ["", f"Distributed rank-pool overhead per case: median {statistics.median(overheads):.4f} s, "
                       f"max {max(overheads):.4f} s over {len(overheads)} cases (round trip minus the slowest rank's compute; pool start-up excluded)"]
     lines += known_gap_lines(rows)
+    lines += selection_lines(rows)
     failures = [r for r in rows if r["outcome"] in ("failed", "error", "xpassed")]
     if failures:
         lines += ["", "## Failures", ""]
