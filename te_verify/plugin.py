@@ -37,8 +37,9 @@ GAPS = pytest.StashKey[list]()  # the expectation entries covering an item (one 
 DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met by specs a test drew
 
 
-# Fixtures and options of the lanes, and --shard.
-LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options", "te_verify.shard")
+# Fixtures and options of the lanes, --shard and --case-order.
+LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options", "te_verify.shard",
+                "te_verify.case_order")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

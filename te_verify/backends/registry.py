@@ -37,6 +37,7 @@ BUILTINS: dict[str, tuple[str, Callable[[], Backend]]] = {
     "thunder": ("torch", ThunderBackend),
     "torch_compile": ("torch", TorchCompileBackend),
     "torch_compile_inductor": ("torch", lambda: TorchCompileBackend("inductor")),
+    "torch_compile_dynamic": ("torch", lambda: TorchCompileBackend(dynamic=True)),
     "te_eager": ("te", _te_eager),
     "thunder_te": ("te", _thunder_te),
 }
@@ -49,7 +50,8 @@ DIST_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thund
 TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
     "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
     "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
-    "nightly": ("eager", "thunder", "torch_compile", "torch_compile_inductor", "te_eager", "thunder_te", *DIST_WRAPPERS),
+    "nightly": ("eager", "thunder", "torch_compile", "torch_compile_dynamic", "torch_compile_inductor", "te_eager",
+                "thunder_te", *DIST_WRAPPERS),
 }
 
 
