@@ -16,4 +16,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 .venv/bin/pip install --quiet -c constraints.txt -e ".[cpu-stack]" pytest pytest-xdist hypothesis jinja2 pyyaml
 # TE's Python layer (a 1.2 MB py3 wheel) without its declared deps, which pull the 729 MB CUDA core library.
 .venv/bin/pip install --quiet --no-deps -c constraints.txt transformer-engine
+# The library-model families (hf_peft, litgpt_lora), also without declared deps (transformers pulls a CLI, the hub
+# client a transfer agent, litgpt lightning's whole stack); the pure-Python packages their imports need, pinned.
+.venv/bin/pip install --quiet --no-deps -c constraints.txt transformers peft accelerate tokenizers regex \
+  huggingface_hub httpx2 httpcore2 h11 idna truststore safetensors tqdm psutil litgpt lightning torchmetrics
 echo "$want" > "$stamp"

@@ -11,7 +11,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, state_left_behind
-from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
+from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
 from te_verify.probes import default_probes
@@ -42,15 +42,16 @@ class CaseRun:
         """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once."""
         return run_case(spec or self.spec, backend or self.backend, probes)
 
-    def standard_verdicts(self, ref: Record, got: Record, tol: Tolerance | None = None) -> list[Verdict]:
+    def standard_verdicts(self, ref: Record, got: Record, tol: Tolerance | None = None,
+                          bound: TruthBound | None = None) -> list[Verdict]:
         tol = tol or tolerance_for(self.spec, self.backend_name)
         case_id, name = self.spec.id, self.backend_name
         return [
             ending(case_id, name, ref, got),
-            replay_semantics(case_id, name, ref, got, tol),
-            output_parity(case_id, name, ref, got, tol),
+            replay_semantics(case_id, name, ref, got, tol, bound),
+            output_parity(case_id, name, ref, got, tol, bound),
             grad_presence(case_id, name, ref, got),
-            grad_parity(case_id, name, ref, got, tol),
+            grad_parity(case_id, name, ref, got, tol, bound=bound),
             state_left_behind(case_id, name, ref, got, tol),
         ]
 
@@ -64,13 +65,11 @@ class CaseRun:
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
         got = self.run(probes=default_probes(self.backend_name, family))
         self.figures.update(got.figures)
-        if family:
-            tol = derived_tolerance(self.spec, ref, run_fp64_eager(self.spec))
-            self.figures["tolerance"] = tol.source
-            waste = family_waste_verdicts(self.spec, got, ref, self.backend_name)
-        else:
-            tol, waste = None, waste_verdicts(self.spec, got, self.backend_name)
-        return self.require(self.standard_verdicts(ref, got, tol) + waste)
+        bound = truth_bound(self.spec, run_fp64_eager(self.spec))  # every value against the case's fp64 truth
+        self.figures["tolerance"] = bound.source
+        waste = (family_waste_verdicts(self.spec, got, ref, self.backend_name) if family
+                 else waste_verdicts(self.spec, got, self.backend_name))
+        return self.require(self.standard_verdicts(ref, got, None, bound) + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Record the verdicts and their figures; raise CheckFailures (every verdict, every failure message) when

@@ -7,13 +7,14 @@ trainable parameter (of a linear, a norm, an embedding) is upstream of it. Propa
 - placeholder: the spec's input_requires_grad; get_attr: the parameter's requires_grad;
 - a leaf module call (Linear, Embedding, TE's Linear): any input needs grad, or one of its parameters trains;
 - any other call: any tensor argument needs grad.
-Sites are numbered in the model's module order, the order the probes bind weights in, and named by their
-qualified module names. Rows come from the shapes (fx's ShapeProp on the real input).
+Sites are numbered in the model's module order, the order the probes bind weights in (`linear_weights`), and
+named by their qualified module names. Rows come from the shapes (fx's ShapeProp on the real input). A model fx
+cannot trace is read from its torch.export graph instead (te_verify/export_sites.py).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -26,6 +27,35 @@ def is_linear(module: torch.nn.Module) -> bool:
     """torch.nn.Linear or TE's Linear (a module with a 2-D weight named like TE's)."""
     return isinstance(module, torch.nn.Linear) or type(module).__module__.startswith("transformer_engine") and \
         type(module).__name__ == "Linear"
+
+
+SITE_MARK = "te_verify_site"  # attribute a family sets on a matrix Parameter its model multiplies by hand
+
+
+def mark_site(param: torch.nn.Parameter) -> None:
+    """Declare a bare matrix Parameter a linear site (LitGPT's lora_A, lora_B: `x @ A.T @ B.T`, not a Linear)."""
+    setattr(param, SITE_MARK, True)
+
+
+class SiteWeight(NamedTuple):
+    """One linear site's weight: its label, the tensor, and its (out, in) shape as the model was built (a Linear's
+    features: a sharded wrapper may leave the Parameter holding a flat shard)."""
+
+    label: str
+    weight: torch.Tensor
+    shape: tuple[int, int]
+
+
+def linear_weights(model: torch.nn.Module) -> list[SiteWeight]:
+    """Every linear site's weight in module order, the probes' layer order: each Linear's (torch's or TE's), named by
+    the module; each marked matrix Parameter, named by the Parameter."""
+    found = []
+    for name, module in model.named_modules():
+        if is_linear(module):
+            found.append(SiteWeight(name, module.weight, (module.out_features, module.in_features)))
+        found += [SiteWeight(f"{name}.{attr}" if name else attr, p, tuple(p.shape))
+                  for attr, p in module.named_parameters(recurse=False) if getattr(p, SITE_MARK, False)]
+    return found
 
 
 class _Tracer(torch.fx.Tracer):
@@ -45,11 +75,24 @@ def _needs(arg: Any, needs: dict[str, bool]) -> bool:
 
 
 def graph_sites(model: torch.nn.Module, example_input: torch.Tensor) -> list[Site]:
-    """Every linear site of `model` (freezing as it stands) called on `example_input`, in module order."""
-    graph_module = torch.fx.GraphModule(model, _Tracer().trace(model))
+    """Every linear site of `model` (freezing as it stands) called on `example_input`, in module order: from its
+    torch.fx module graph, or where torch.fx cannot trace the model (transformers' masking, LitGPT's shape checks)
+    from its torch.export graph (te_verify.export_sites: the same rule per aten op)."""
+    try:
+        graph = _Tracer().trace(model)
+    except Exception:  # fx raises TraceError, TypeError, ... wherever Python reads a traced value
+        from te_verify.export_sites import export_sites
+
+        return export_sites(model, example_input)
+    return fx_sites(model, graph, example_input)
+
+
+def fx_sites(model: torch.nn.Module, graph: torch.fx.Graph, example_input: torch.Tensor) -> list[Site]:
+    """The sites of a traced module graph (linear modules as leaves)."""
+    graph_module = torch.fx.GraphModule(model, graph)
     ShapeProp(graph_module).propagate(example_input.detach())
     modules = dict(model.named_modules())
-    order = {name: k for k, name in enumerate(n for n, m in modules.items() if is_linear(m))}
+    order = {site.label: k for k, site in enumerate(linear_weights(model))}
     needs: dict[str, bool] = {}
     found = []
     for node in graph_module.graph.nodes:

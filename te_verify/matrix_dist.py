@@ -106,14 +106,17 @@ LORA_QV = ("q", "v")
 
 
 def _lora_spec(wrapper: str, lora_on: tuple[str, ...], batch: tuple[int, int] = (2, 8), x_grad: bool = False,
-               options: tuple = (), timing: str = "before", blocks: int = 1) -> CaseSpec:
-    model = ModelConfig("llama", blocks=blocks, n_embd=32, n_head=4, intermediate=64, lora_on=lora_on)
+               options: tuple = (), timing: str = "before", blocks: int = 1, kind: str = "llama") -> CaseSpec:
+    tokens = kind == "litgpt_lora"  # LitGPT's GPT takes token ids and ends in its head
+    model = ModelConfig(kind, blocks=blocks, n_embd=32, n_head=4, intermediate=64, lora_on=lora_on, embedding=tokens,
+                        head=tokens)
     return CaseSpec("dist_lora", (model.in_width, model.out_width), (), None, x_grad, batch, "fp32", 1, timing,
                     dist=DistConfig(wrapper, WORLD_SIZE, tuple(sorted(options))), model=model)
 
 
 def dist_lora_specs(tier: str) -> list[CaseSpec]:
-    """LoRA Llama blocks (frozen base linears, trainable adapters and norms) under the wrappers, FSDP2 first.
+    """LoRA Llama blocks (frozen base linears, trainable adapters and norms) under the wrappers, FSDP2 first; the
+    library-model families (transformers + peft, LitGPT) under DDP and FSDP2.
 
     One FSDP unit per block. Freezing after wrapping (by the parameters' pre-wrap names) runs on ddp (with
     find_unused_parameters: DDP's buckets are fixed at construction) and fsdp2. "unfreeze_after" is left out: the
@@ -138,7 +141,13 @@ def dist_lora_specs(tier: str) -> list[CaseSpec]:
     specs.append(_lora_spec("ddp", LORA_QV, timing="after", options=(("find_unused_parameters", True),)))
     specs.append(_lora_spec("thunder_ddp", LORA_QV))
     specs.append(_lora_spec("thunder_fsdp", LORA_QV))
+    # The library-model families (issue 19) under DDP; FSDP2 (one unit per decoder layer) in nightly.
+    specs += [_lora_spec("ddp", LORA_QV, kind="hf_peft"), _lora_spec("ddp", LORA_QV, kind="litgpt_lora")]
     if tier == "nightly":
+        for kind in ("hf_peft", "litgpt_lora"):
+            specs.append(_lora_spec("ddp", PROJECTIONS, kind=kind, blocks=2))
+            specs.append(_lora_spec("fsdp2", LORA_QV, kind=kind, options=(("reshard_after_forward", True),)))
+        specs.append(_lora_spec("ddp", LORA_QV, (4, 8), x_grad=True, kind="hf_peft"))
         for wrapper in ("ddp", "fsdp", "fsdp2", "thunder_ddp", "thunder_fsdp"):
             specs.append(_lora_spec(wrapper, PROJECTIONS, (4, 8), x_grad=True, blocks=2))
         specs.append(_lora_spec("thunder_ddp", PROJECTIONS))

@@ -119,16 +119,19 @@ LORA_TARGETS = {"qv": ("q", "v"), "attn": ("q", "k", "v", "o"), "mlp": ("fc_1", 
 
 
 def _lora(targets: str, x_grad: bool, dtype: str, recipe: str | None = None, blocks: int = 1,
-          seed: int = 0) -> CaseSpec:
-    model = ModelConfig(blocks=blocks, lora_on=LORA_TARGETS[targets], te_base=True)
+          seed: int = 0, kind: str = "llama") -> CaseSpec:
+    tokens = kind == "litgpt_lora"  # LitGPT's GPT takes token ids and ends in its head
+    model = ModelConfig(kind, blocks=blocks, lora_on=LORA_TARGETS[targets], te_base=True, embedding=tokens,
+                        head=tokens)
     return CaseSpec("te_lora", (model.in_width, model.out_width), (), None, x_grad, (2, 8), dtype, model=model,
                     te=TEConfig(recipe=recipe), seed=seed)
 
 
 def te_lora_specs(tier: str) -> list[CaseSpec]:
-    """LoRA over TE Linear (issue 12): Llama blocks whose adapters' bases are TE Linears (frozen), the adapters torch
-    Linears; high precision in fp32 and bf16, and FP8 (delayed, current scaling) in fp32. One backward pass: TE frees its saved state in the first backward
-    (TE issue 990), so replays are the te_replay family's."""
+    """LoRA over TE Linear (issue 12): Llama blocks (in nightly also transformers + peft's and LitGPT's models, issue
+    19) whose adapters' bases are TE Linears (frozen), the adapters torch's; high precision in fp32 and bf16, and FP8
+    (delayed, current scaling) in fp32. One backward pass: TE frees its saved state in the first backward (TE issue
+    990), so replays are the te_replay family's."""
     check_tier(tier)
     if tier == "smoke":
         return [_lora("qv", True, "fp32"), _lora("all", False, "bf16")]
@@ -139,6 +142,12 @@ def te_lora_specs(tier: str) -> list[CaseSpec]:
         specs += [_lora(t, True, d) for t, d in (("attn", "fp32"), ("mlp", "bf16"))]
         specs += [_lora(t, False, "fp32", r) for t, r in (("attn", "delayed"), ("mlp", "current"))]
         specs.append(_lora("all", True, "fp32", blocks=2))
+        # The library-model families (issue 19): peft's base_layer and LitGPT's linear as TE Linears.
+        for kind in ("hf_peft", "litgpt_lora"):
+            x_grad = kind == "hf_peft"  # hidden states in; LitGPT's token ids need no grad
+            specs += [_lora("qv", x_grad, "fp32", kind=kind), _lora("all", False, "bf16", kind=kind),
+                      _lora("all", x_grad, "fp32", "delayed", kind=kind),
+                      _lora("qv", x_grad, "fp32", "current", kind=kind)]
     return dedupe(specs)
 
 

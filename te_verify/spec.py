@@ -16,9 +16,32 @@ RECIPES = (None, "delayed", "current")
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
-MODEL_KINDS = ("llama",)  # model families beyond the linear stack (te_verify/models/<kind>.py)
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
+
+
+@dataclass(frozen=True)
+class KindRules:
+    """What a model family's code can express; its module (te_verify/models/<kind>.py) builds every ModelConfig
+    these admit. Declared here, beside the fields they constrain, so a spec is validated without importing it."""
+
+    # It takes hidden states (model.embedding False) as well as token ids, and runs without its LM head.
+    hidden_input: bool = True
+    headless: bool = True
+    # Projections that carry adapters together or not at all (LitGPT's one lora_mlp flag covers the whole MLP).
+    lora_groups: tuple[tuple[str, ...], ...] = ()
+    # Frozen blocks keep their (frozen) adapters; False: they have none (PEFT's layers_to_transform), so with
+    # adapters at least one block must stay unfrozen.
+    adapters_in_frozen_blocks: bool = True
+
+
+# Model families beyond the linear stack: ModelConfig.kind -> what its module (te_verify/models/<kind>.py) builds.
+MODEL_KINDS = {
+    "llama": KindRules(),  # our own Llama blocks, written in LitGPT's style
+    "hf_peft": KindRules(adapters_in_frozen_blocks=False),  # transformers' Llama under peft's LoRA
+    "litgpt_lora": KindRules(hidden_input=False, headless=False,  # litgpt.lora.GPT: token ids in, logits out
+                             lora_groups=(("fc_1", "fc_2", "proj"),)),
+}
 
 
 class SpecError(ValueError):
@@ -97,7 +120,7 @@ class DistConfig:
 class ModelConfig:
     """A model family other than the linear stack (the stack's fields of CaseSpec then go unused)."""
 
-    # Family: one of MODEL_KINDS, built by te_verify/models/<kind>.py.
+    # Family: a key of MODEL_KINDS, built by te_verify/models/<kind>.py.
     kind: str = "llama"
     # Transformer blocks in sequence.
     blocks: int = 1
@@ -285,9 +308,21 @@ def _check_experts(spec: CaseSpec) -> None:
         _check(rows % te.experts == 0, f"batch_shape={spec.batch_shape!r}: rows must split evenly over {te.experts} experts")
 
 
+def _check_kind(m: ModelConfig, rules: KindRules) -> None:
+    _check(rules.hidden_input or m.embedding, f"model.embedding=False: a {m.kind} model takes token ids")
+    _check(rules.headless or m.head, f"model.head=False: a {m.kind} model always has its LM head")
+    for group in rules.lora_groups:
+        _check(len(set(group) & set(m.lora_on)) in (0, len(group)),
+               f"model.lora_on={m.lora_on!r}: a {m.kind} model puts adapters on all of {group} or none")
+    _check(rules.adapters_in_frozen_blocks or not m.lora_on or m.frozen_blocks < m.blocks,
+           f"model.frozen_blocks={m.frozen_blocks}: a {m.kind} model has no adapters in frozen blocks, so one of "
+           f"its {m.blocks} blocks must stay unfrozen")
+
+
 def _check_model(spec: CaseSpec) -> None:
     m = spec.model
-    _check(m.kind in MODEL_KINDS, f"model.kind={m.kind!r}: expected one of {MODEL_KINDS}")
+    _check(m.kind in MODEL_KINDS, f"model.kind={m.kind!r}: expected one of {tuple(MODEL_KINDS)}")
+    _check_kind(m, MODEL_KINDS[m.kind])
     _check(min(m.blocks, m.n_embd, m.n_head, m.intermediate, m.vocab) > 0,
            f"model={m.tag}: blocks, n_embd, n_head, intermediate and vocab must be positive")
     _check(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd}: not divisible by model.n_head={m.n_head}")

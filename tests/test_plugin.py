@@ -12,7 +12,7 @@ import pytest
 
 from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
 from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import lora_specs, stage_specs
+from te_verify.matrix_models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,8 @@ def test_external_backend_runs_the_whole_pr_matrix(tmp_path):
                       "--report-dir", str(tmp_path), "--pr-candidates")
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    torch_lane = sum(len(gen("pr")) for gen in (*FAMILIES.values(), lora_specs, stage_specs))
+    torch_lane = sum(len(gen("pr")) for gen in (*FAMILIES.values(), lora_specs, stage_specs, hf_peft_specs,
+                                                 litgpt_lora_specs))
     passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
     assert len(passed) == torch_lane
 

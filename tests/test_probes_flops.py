@@ -7,6 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.registry import resolve_backend
+from te_verify.graph_sites import mark_site
 from te_verify.probes.dispatch import LayerMap
 from te_verify.probes.flops import GemmProbe, _by_shape
 from te_verify.runner import run_case
@@ -124,3 +125,42 @@ def test_a_reused_buffer_is_not_taken_for_the_input_it_once_held():
     assert record.error is None, record.error
     wgrads = [(e.layer, e.shape) for e in record.observations["gemm_events"] if e.role == "wgrad"]
     assert wgrads == [(3, (32, 64)), (1, (128, 64))]
+
+
+class _GroupedPointwiseConv(torch.nn.Module):
+    """LitGPT's fused-qkv LoRA B: a marked matrix Parameter applied as a grouped, kernel-size-1 conv1d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(12, 2, generator=torch.Generator().manual_seed(0)))
+        mark_site(self.b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv1d(x.transpose(-2, -1), self.b.unsqueeze(-1), groups=2).transpose(-2, -1)
+
+
+def _probe_conv(model: torch.nn.Module, x: torch.Tensor) -> GemmProbe:
+    probe = GemmProbe()
+    probe.bind(model)
+    with probe:
+        probe.phase("forward")
+        out = model(x)
+        probe.phase("backward", 1)
+        out.backward(torch.ones_like(out))
+    return probe
+
+
+def test_a_pointwise_convolution_counts_as_the_gemms_it_is() -> None:
+    """Forward, input gradient and weight gradient: one GEMM each on the marked weight's site, each 2 x rows x a
+    group's in-channels x out-channels (torch 2.13's FlopCounterMode counts a grouped convolution's weight gradient
+    `groups` times over, 1,536 FLOPs here, so it is not the reference)."""
+    model, x = _GroupedPointwiseConv(), torch.randn(2, 8, 4, requires_grad=True)
+    probe = _probe_conv(model, x)
+    assert sorted((e.role, e.layer) for e in probe.events) == [("dgrad", 0), ("fprop", 0), ("wgrad", 0)]
+    assert [e.flops for e in probe.events] == [2 * (2 * 8) * 2 * 12] * 3
+
+
+def test_a_sliding_convolution_is_no_gemm() -> None:
+    conv = torch.nn.Conv1d(4, 4, kernel_size=3, padding=1, bias=False)
+    probe = _probe_conv(conv, torch.randn(2, 4, 8, requires_grad=True))
+    assert probe.events == []

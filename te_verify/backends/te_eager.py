@@ -172,14 +172,15 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
 
 
 def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> torch.nn.Module:
-    """Every LoRA adapter's base (a torch Linear) replaced in place by a TE Linear of `api` holding its Parameters
-    and named by the base's qualified name; returns `model`."""
-    from te_verify.models.lora import LoRALinear
+    """Every LoRA adapter's base (a torch Linear; checks.te_family.te_sites names them in any family) replaced in
+    place by a TE Linear of `api` holding its Parameters and named by the base's qualified name; returns `model`."""
+    from te_verify.checks.te_family import te_sites
 
     te = spec.te or TEConfig()
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LoRALinear) and isinstance(module.base, torch.nn.Linear):
-            module.base = _linear(api, [module.base], te, module.base.weight.dtype, f"{name}.base")
+    for label in te_sites(spec):
+        parent, _, attr = label.rpartition(".")
+        base = model.get_submodule(label)
+        setattr(model.get_submodule(parent), attr, _linear(api, [base], te, base.weight.dtype, label))
     return model
 
 

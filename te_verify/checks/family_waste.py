@@ -5,9 +5,9 @@
   decomposes scaled-dot-product attention; eager runs it as one fused kernel) are outside the rule: counted and
   reported per pass, not judged.
 - Saved for backward, per value a site reads: a value some site's wgrad needs is kept once (the value or one
-  copy of it; a second storage of it is a surplus naming its sites); a site value the rule does not need is
-  allowed only where eager keeps it too (attention saves its output, which is o's input: the report says so
-  per site). Everything else saved (norms, activations, attention internals) is recorded beside eager's bytes,
+  copy of it; a second storage of it is a surplus naming its sites); beyond that, only as many storages as eager
+  keeps (attention saves its output, which is o's input, and LitGPT's o reads a layout copy of it: the report
+  says so per site). Everything else saved (norms, activations, attention internals) is recorded beside eager's bytes,
   not judged: no structural rule exists for it, and backends trade saving for recomputing there (measured on
   LoRA-on-every-projection blocks: torch.compile saves about 20% less than eager, thunder 0.2.6 about 7% more).
 - Peak memory is recorded beside eager's, not judged: no structural bound exists for attention and norm
@@ -75,13 +75,16 @@ def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: st
     required = {site_at(spec, layer).input_value for layer, _, _ in need.items}
     count, nbytes, other = _saved_by_value(spec, got)
     eager_count, _, eager_other = _saved_by_value(spec, eager)
-    eager_extra = sorted(v for v in eager_count if v not in required)
+    # Eager keeps a site value beyond the rule where something that is not a site saves it too: attention keeping
+    # its output, which is o's input (a second storage where the model copies it into o's layout, as LitGPT does).
+    eager_extra = sorted(v for v, n in eager_count.items() if n > int(v in required))
     problems = []
     for value, n in sorted(count.items()):
-        allowed = 1 if value in required or value in eager_extra else 0
+        allowed = max(int(value in required), eager_count[value])
         if n > allowed:
             problems.append(f"sites {_sites_reading(spec, value)}: saved their input {n} time(s) "
-                            f"({nbytes[value]:,} B), {allowed} required")
+                            f"({nbytes[value]:,} B), {allowed} allowed ({int(value in required)} required, "
+                            f"{eager_count[value]} in eager)")
     figures = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count,
                "saved_sites_bytes": sum(nbytes.values()), "saved_outside_sites_bytes": other,
                "saved_outside_sites_bytes_eager": eager_other,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from te_verify.checks.ending import passes_compared
-from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.tolerances import Tolerance, TruthBound
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
 
@@ -49,14 +49,39 @@ def _first_mismatch(close: torch.Tensor, ref: torch.Tensor, got: torch.Tensor) -
             f"{got.flatten()[flat].item():.6g} vs {ref.flatten()[flat].item():.6g}")
 
 
-def grad_mismatches(ref: dict, got: dict, tol: Tolerance, label: str) -> list[str]:
-    """Messages for every gradient (present in both) that differs beyond `tol`."""
+def truth_problem(what: str, ref: torch.Tensor, got: torch.Tensor, truth: torch.Tensor, bound: TruthBound) -> str | None:
+    """None when `got` is within the bound's factor of eager's (`ref`) normwise distance to the fp64 `truth`."""
+    if ref.shape != got.shape:
+        return f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if got.dtype != ref.dtype:  # values alone would pass a result in another dtype
+        return f"{what}: dtype {got.dtype}, expected {ref.dtype}"
+    ref64, got64, true64 = host64(ref), host64(got), host64(truth)
+    if not torch.isfinite(got64).all() and torch.isfinite(ref64).all():
+        return f"{what}: non-finite values where the reference is finite"
+    scale = float(true64.norm())
+    mine, eager = float((got64 - true64).norm()), float((ref64 - true64).norm())
+    limit = bound.factor * max(eager, bound.floor * scale)
+    if mine <= limit:
+        return None
+    abs_err, _ = max_errors(ref, got)
+    rel = (lambda e: e / scale) if scale else (lambda e: e)
+    return (f"{what}: error vs the fp64 truth {rel(mine):.3g} (normwise, relative) exceeds {bound.factor:g} x "
+            f"max(eager's {rel(eager):.3g}, floor {bound.floor:.3g}); max abs err vs eager {abs_err:.3g}")
+
+
+def grad_mismatches(ref: dict, got: dict, tol: Tolerance, label: str, truth: dict | None = None,
+                    bound: TruthBound | None = None) -> list[str]:
+    """Messages for every gradient (present in both) that differs beyond `tol`, or, given the fp64 `truth`
+    gradients of the same pass and a `bound`, beyond the bound."""
     problems = []
     for name, ref_grad in ref.items():
         got_grad = got.get(name)
         if ref_grad is None or got_grad is None:
             continue  # None-ness is the presence check's job
-        msg = compare_tensor(f"{label} grad of {name}".strip(), ref_grad, got_grad, tol)
+        what = f"{label} grad of {name}".strip()
+        true = truth.get(name) if truth is not None else None
+        msg = truth_problem(what, ref_grad, got_grad, true, bound) if true is not None and bound else \
+            compare_tensor(what, ref_grad, got_grad, tol)
         if msg:
             problems.append(msg)
     return problems
@@ -68,7 +93,8 @@ def worst_errors(ref: dict, got: dict) -> tuple[float, float]:
     return max((e[0] for e in errs), default=0.0), max((e[1] for e in errs), default=0.0)
 
 
-def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1) -> Verdict:
+def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1,
+                bound: TruthBound | None = None) -> Verdict:
     """Compare the gradients after backward pass `pass_index` (default: the last one both runs completed; how each
     run ended is the `ending` check's, so a raise at pass k leaves the passes before it compared)."""
     both = passes_compared(ref, got)
@@ -78,7 +104,10 @@ def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Toler
     ref_grads, got_grads = ref.grads[index], got.grads[index]
     abs_err, rel_err = worst_errors(ref_grads, got_grads)
     figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol, "passes_compared": both}
-    problems = grad_mismatches(ref_grads, got_grads, tol, "")
+    truth = bound.truth.grads[index] if bound is not None and len(bound.truth.grads) > index else None
+    problems = grad_mismatches(ref_grads, got_grads, tol, "", truth, bound)
+    if bound is not None:
+        figures["tolerance"] = bound.source
     if not problems:
         return Verdict("grad_parity", True, figures=figures)
     head = f"[{case_id}] backend {backend}: gradient parity vs {ref.backend} failed"

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import torch
 
-from te_verify.checks.parity import compare_tensor
-from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.parity import compare_tensor, truth_problem
+from te_verify.checks.tolerances import Tolerance, TruthBound
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
 
 BITWISE = Tolerance(0.0, 0.0, "the reference leaves it unchanged")
 
 
-def output_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance) -> Verdict:
-    """Each forward output both runs produced matches; a missing one is the ending checks' job."""
+def output_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance,
+                  bound: TruthBound | None = None) -> Verdict:
+    """Each forward output both runs produced matches (within `tol` of the reference's, or given a `bound`, within
+    its factor of the reference's distance to the fp64 truth); a missing one is the ending check's job."""
     problems = []
+    truths = bound.truth.outputs if bound is not None else []
     for k, (want, have) in enumerate(zip(ref.outputs, got.outputs), start=1):
         label = "forward output" if len(ref.outputs) == 1 else f"forward output {k} of {len(ref.outputs)}"
-        message = compare_tensor(label, want, have, tol)
+        message = truth_problem(label, want, have, truths[k - 1], bound) if len(truths) >= k else \
+            compare_tensor(label, want, have, tol)
         if message:
             problems.append(message)
     figures = {"outputs_compared": min(len(ref.outputs), len(got.outputs))}

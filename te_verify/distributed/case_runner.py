@@ -19,6 +19,7 @@ from torch import nn
 
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
+from te_verify.graph_sites import linear_weights
 from te_verify.models import FAMILIES, build_model, freeze, make_inputs, set_frozen, unfreeze_all
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
@@ -55,6 +56,9 @@ class RankOutcome:
     output: torch.Tensor | None = None
     # Full parameter values after the run, by "<layer>.<weight|bias>" (what the run left in the model).
     params: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    # The model's buffers after the run, by qualified name (no wrapper here shards buffers): a library model's
+    # rotary tables and index buffers.
+    buffers: dict[str, torch.Tensor | None] = field(default_factory=dict)
     # This rank's waste probes (GEMMs, saved tensors, peak memory) over its shard: figures and observations.
     figures: dict = field(default_factory=dict)
     observations: dict = field(default_factory=dict)
@@ -148,6 +152,7 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         timeline=timeline.events,
         output=output.cpu(),
         params=to_host(wrapped.full_params()),
+        buffers=to_host({name: b.detach().clone() for name, b in wrapped.model.named_buffers()}),
         figures={k: v for probe in probes for k, v in probe.figures().items()},
         observations={k: v for probe in probes for k, v in probe.observations().items()},
     )
@@ -163,6 +168,5 @@ def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:
         gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
     else:
         gemms = GemmProbe(follow_copies=True)
-        linears = [m for m in wrapped.model.modules() if isinstance(m, nn.Linear)]
-        gemms.bind(wrapped.model, [(m.out_features, m.in_features) for m in linears])
+        gemms.bind(wrapped.model, [site.shape for site in linear_weights(wrapped.model)])
     return [gemms, SavedTensorsProbe(), PeakMemoryProbe()]

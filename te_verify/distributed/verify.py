@@ -79,7 +79,8 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
         else:
             record.grads.append({**outcome.grads, INPUT_GRAD: outcome.input_grad})
             record.outputs.append(outcome.output)
-            record.state_after = {f"param:{name}": value for name, value in outcome.params.items()}
+            record.state_after = {**{f"param:{name}": value for name, value in outcome.params.items()},
+                                  **{f"buffer:{name}": value for name, value in outcome.buffers.items()}}
             record.figures, record.observations = outcome.figures, outcome.observations
         records.append(record)
     return records

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
+from te_verify.models import family_of
 from te_verify.spec import CaseSpec
 
 
@@ -59,7 +60,7 @@ def param_slots(model: nn.Module) -> list[Slot]:
 
 def units_of(model: nn.Module, spec: CaseSpec) -> list[nn.Module]:
     """What a wrapper wraps one by one: a stack's layers, a model family's blocks (run in sequence)."""
-    return list(model) if spec.model is None else list(model.blocks)
+    return list(model) if spec.model is None else family_of(spec).blocks(model)
 
 
 def options(spec: CaseSpec) -> dict:

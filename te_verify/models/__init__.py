@@ -7,12 +7,13 @@ from typing import Iterable
 import torch
 
 from te_verify import device as run_device
-from te_verify.models import llama, stack
+from te_verify.models import hf_peft, litgpt_lora, llama, stack
 from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs
 from te_verify.models.stack import Experts, set_frozen
 from te_verify.spec import CaseSpec
 
-FAMILIES = {"llama": llama}  # ModelConfig.kind -> its module (build, make_inputs, set_frozen)
+# ModelConfig.kind -> its module (build, make_inputs, set_frozen); spec.MODEL_KINDS says what each can express.
+FAMILIES = {"llama": llama, "hf_peft": hf_peft, "litgpt_lora": litgpt_lora}
 
 __all__ = ["CPU", "TORCH_DTYPES", "CaseInputs", "Experts", "build_model", "freeze", "frozen_at_backward",
            "make_inputs", "set_frozen", "unfreeze_all"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from te_verify.models import stages
 from te_verify.models.lora import LoRALinear, is_adapter
-from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear, seeded_randn
+from te_verify.models.seeded import CPU, TORCH_DTYPES, family_inputs, seeded_linear
 from te_verify.spec import CaseSpec, ModelConfig
 
 
@@ -116,30 +117,30 @@ def build(spec: CaseSpec, device: torch.device, te_linear=None) -> Llama:
     return Llama(spec.model, Projections(spec.model, gen, dtype, device, te_linear), dtype, device)
 
 
-def make_inputs(spec: CaseSpec, batch_shape: tuple[int, ...], device: torch.device) -> CaseInputs:
-    """Hidden states (or token ids with an embedding) and the output cotangent."""
-    gen = torch.Generator(device=CPU).manual_seed(spec.seed + 1)
-    dtype, cfg = TORCH_DTYPES[spec.dtype], spec.model
-    if cfg.embedding:
-        x = torch.randint(cfg.vocab, batch_shape, generator=gen, device=CPU).to(device)
-    else:
-        x = seeded_randn((*batch_shape, cfg.n_embd), gen, dtype, device).requires_grad_(spec.input_requires_grad)
-    return CaseInputs(x, seeded_randn((*batch_shape, cfg.out_width), gen, dtype, device))
+make_inputs = family_inputs  # token ids or hidden states, and the output cotangent
+
+
+def stage_of(name: str) -> tuple[str, int | None]:
+    """A parameter's stage and block (te_verify.models.stages) from its qualified name."""
+    if name.startswith("wte."):
+        return "embedding", None
+    if name.startswith(("ln_f.", "lm_head.")):
+        return "head", None
+    block = stages.block_of(name, "blocks.")
+    if ".norm_" in name:
+        return "norms", block
+    return ("adapter" if is_adapter(name) else "linear"), block
 
 
 def trainable(name: str, cfg: ModelConfig) -> bool:
     """The family's freezing rule for one parameter (qualified name)."""
-    if any(name.startswith(f"blocks.{i}.") for i in range(cfg.frozen_blocks)):
-        return False
-    if name.startswith("wte."):
-        return "embedding" not in cfg.frozen
-    if name.startswith(("ln_f.", "lm_head.")):
-        return "head" not in cfg.frozen
-    if ".norm_" in name:
-        return "norms" not in cfg.frozen
-    return is_adapter(name) or not cfg.lora_on  # PEFT: with adapters, only they train among the linears
+    return stages.rule(*stage_of(name), cfg)
 
 
 def set_frozen(model: torch.nn.Module, cfg: ModelConfig) -> None:
-    for name, p in model.named_parameters():
-        p.requires_grad_(trainable(name, cfg))
+    stages.set_frozen(model, cfg, trainable)
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks in order (what a sharded wrapper wraps one by one)."""
+    return list(model.blocks)

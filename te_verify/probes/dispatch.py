@@ -40,6 +40,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from te_verify.probes.conv_gemms import CONV_OPS, conv_gemms
+
 aten = torch.ops.aten
 GEMM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm})
 StorageKey = Any  # int serial for storages made during the run, ("pre", data_ptr) for older ones
@@ -155,6 +157,7 @@ def param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
 _FRESH = 1  # no return aliases an argument: every output storage is a new allocation (or an old one of ours)
 _SCAN = 2  # some return may alias an argument: an output is new only if no argument shares its storage
 _GEMM = 4  # one of GEMM_OPS: learn layers and tell the listeners
+_CONV = 8  # a convolution or its backward: the ones that are GEMMs tell the listeners (probes.conv_gemms)
 # id(op) -> (flags, the op's C++ callable); ids are stable because _KNOWN_OPS keeps every op alive.
 _OP_INFO: dict[int, tuple[int, Callable[..., Any]]] = {}
 _KNOWN_OPS: list[Any] = []
@@ -171,6 +174,8 @@ def _op_info(func: Any) -> tuple[int, Callable[..., Any]]:
         kind = 0 if all(aliased) else _SCAN if any(aliased) else _FRESH
     if getattr(func, "overloadpacket", None) in GEMM_OPS:
         kind |= _GEMM
+    elif getattr(func, "overloadpacket", None) in CONV_OPS:
+        kind |= _CONV
     _KNOWN_OPS.append(func)
     _OP_INFO[id(func)] = info = (kind, getattr(func, "_op", func))
     return info
@@ -193,7 +198,8 @@ class Watcher(TorchDispatchMode):
         self.phase = "forward"  # set by the probes' phase() calls
         self.counting = True  # False in the "idle" phase
         self.layers = LayerMap()
-        self.gemm_listeners: list[Callable[[Any, tuple, torch.Tensor], None]] = []
+        # Called with (op, its two operands, output, FLOPs) per GEMM (a convolution's backward is two).
+        self.gemm_listeners: list[Callable[[Any, tuple, torch.Tensor, int], None]] = []
         # data_ptr -> (serial, nbytes, weakref whose callback untracks the storage) of live new storages
         self._live: dict[int, tuple[int, int, weakref.ref]] = {}
         self._serial = 0
@@ -287,14 +293,23 @@ class Watcher(TorchDispatchMode):
         if self.follow_copies and kind & _FRESH and not kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
             self._note_copy(out, args)
         if kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
-            for t in args[-2:]:
-                if isinstance(t, torch.Tensor):
-                    self._see(t)
-            if self.phase == "forward":
-                self._learn_layer(args, out)
-            for listener in self.gemm_listeners:
-                listener(func, args, out)
+            # torch.utils.flop_counter's 2*m*k*n: k is the last dim of args[-2] (self of mm/bmm, mat1/batch1 of
+            # addmm/baddbmm; their beta/alpha are keyword-only).
+            self._gemm(func, args[-2:], out, 2 * args[-2].shape[-1] * out.numel())
+        elif kind & _CONV and all(is_real(o) for o in (out if isinstance(out, tuple) else (out,)) if o is not None):
+            for operands, result, flops in conv_gemms(func, args, out):
+                self._gemm(func, operands, result, flops)
         return out
+
+    def _gemm(self, func: Any, operands: tuple, out: torch.Tensor, flops: int) -> None:
+        """One GEMM on real tensors: note its operands' storages, learn a layer in the forward, tell listeners."""
+        for t in operands:
+            if isinstance(t, torch.Tensor):
+                self._see(t)
+        if self.phase == "forward":
+            self._learn_layer(operands, out)
+        for listener in self.gemm_listeners:
+            listener(func, operands, out, flops)
 
     def _track_outputs(self, out: Any, args: tuple, scan: bool) -> None:
         for o in out if isinstance(out, (tuple, list)) else (out,):

@@ -1,7 +1,8 @@
 """GEMMs and FLOPs by phase (forward/backward pass k), role (fprop/dgrad/wgrad) and layer.
 
-Counts aten mm/addmm/bmm/baddbmm as they run on real tensors (the shared Watcher in dispatch.py; FLOPs with
-the formula of torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted), so it sees eager,
+Counts aten mm/addmm/bmm/baddbmm, and the convolutions that are GEMMs (probes.conv_gemms: LitGPT's fused-qkv
+LoRA B), as they run on real tensors (the shared Watcher in dispatch.py; FLOPs with the formula of
+torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted), so it sees eager,
 thunder's torch executor and torch.compile's aot_eager graphs alike, and never a compiler's FakeTensor or
 proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS calls) are not seen.
 
@@ -19,13 +20,13 @@ linear weights, so views of their storage attribute whatever the backend calls t
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from te_verify.graph_sites import linear_weights
 from te_verify.probes import dispatch
 from te_verify.probes.dispatch import LayerMap, Watcher
 
@@ -71,10 +72,11 @@ class RawGemm:
     out_view: tuple = ()
 
 
-def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tuple, out: torch.Tensor) -> RawGemm:
+def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands: tuple, out: torch.Tensor,
+              flops: int) -> RawGemm:
     weight_layer = None
     input_layers, weight_views, shared = set(), [], frozenset()
-    operands = [t for t in args[-2:] if isinstance(t, torch.Tensor)]  # every GEMM op's last two positional args
+    operands = [t for t in operands if isinstance(t, torch.Tensor)]
     for t in operands:
         root = watcher.root_view(t)
         layer = watcher.weight_layer_of(t)
@@ -89,9 +91,6 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, args: tu
     input_layers.discard(None)
     input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell
     shape = tuple(out.shape)
-    # torch.utils.flop_counter's convention, 2*m*k*n (bias ignored): k is the last dim of the first operand,
-    # args[-2] (self of mm/bmm, mat1/batch1 of addmm/baddbmm; their beta/alpha are keyword-only).
-    flops = 2 * args[-2].shape[-1] * math.prod(shape)
     return RawGemm(phase, pass_index, func, shape, flops, weight_layer, input_layer,
                    tuple(watcher.root_view(t) for t in operands), tuple(weight_views), shared, watcher.view_key(out))
 
@@ -169,9 +168,10 @@ class GemmProbe:
         self._shapes: list[tuple[int, int]] | None = None
 
     def bind(self, model: torch.nn.Module, shapes: list[tuple[int, int]] | None = None) -> None:
-        """The model's linear weights, in layer order (what the oracle's layer indices mean); `shapes`: their
+        """The model's linear-site weights (graph_sites.linear_weights: Linears' and marked matrix Parameters), in
+        layer order (what the oracle's layer indices mean); `shapes`: their
         (out, in) shapes where a sharded wrapper left the Parameters holding flat shards."""
-        self._weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        self._weights = [site.weight for site in linear_weights(model)]
         self._shapes = shapes
 
     @property
@@ -196,8 +196,8 @@ class GemmProbe:
         self._phase, self._pass = name, index
         dispatch.set_phase(name)
 
-    def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:
-        self._raw.append(note_gemm(self._watcher, self._phase, self._pass, func, args, out))
+    def _on_gemm(self, func: Any, operands: tuple, out: torch.Tensor, flops: int) -> None:
+        self._raw.append(note_gemm(self._watcher, self._phase, self._pass, func, operands, out, flops))
 
     def figures(self) -> dict[str, Any]:
         events = self.events

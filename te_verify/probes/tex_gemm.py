@@ -131,16 +131,18 @@ class AtenGemmOutsideTex(GemmProbe):
     name = "aten_gemm_outside_tex"
 
     def __init__(self) -> None:
-        super().__init__()
+        # Copies followed: thunder feeds a convolution's weight gradient (LitGPT's fused-qkv lora_B) a layout copy
+        # of the site's input.
+        super().__init__(follow_copies=True)
         self.labels: list[str] = []
         self._depth = 0
         self._saved: list[tuple[str, Any]] = []
 
     def bind(self, model: torch.nn.Module) -> None:
-        from te_verify.graph_sites import is_linear
+        from te_verify.graph_sites import linear_weights
 
-        named = [(n, m) for n, m in model.named_modules() if is_linear(m)]
-        self.labels, self._weights = [n for n, _ in named], [m.weight for _, m in named]
+        named = linear_weights(model)
+        self.labels, self._weights = [site.label for site in named], [site.weight for site in named]
 
     def _wrap(self, original: Any) -> Any:
         def inside_tex(*args: Any, **kwargs: Any):
@@ -160,9 +162,9 @@ class AtenGemmOutsideTex(GemmProbe):
         restore_tex(self._saved)
         super().__exit__(*exc)
 
-    def _on_gemm(self, func: Any, args: tuple, out: torch.Tensor) -> None:
+    def _on_gemm(self, func: Any, operands: tuple, out: torch.Tensor, flops: int) -> None:
         if not self._depth:
-            super()._on_gemm(func, args, out)
+            super()._on_gemm(func, operands, out, flops)
 
     def figures(self) -> dict[str, Any]:
         return {"aten_gemm_count_outside_tex": len(self.events)}
