@@ -11,7 +11,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, state_left_behind
-from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
+from te_verify.checks.tolerances import Tolerance, TruthBound, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
 from te_verify.probes import default_probes
@@ -65,11 +65,15 @@ class CaseRun:
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
         got = self.run(probes=default_probes(self.backend_name, family))
         self.figures.update(got.figures)
-        bound = truth_bound(self.spec, run_fp64_eager(self.spec))  # every value against the case's fp64 truth
-        self.figures["tolerance"] = bound.source
-        waste = (family_waste_verdicts(self.spec, got, ref, self.backend_name) if family
-                 else waste_verdicts(self.spec, got, self.backend_name))
-        return self.require(self.standard_verdicts(ref, got, None, bound) + waste)
+        truth = run_fp64_eager(self.spec)
+        if family:  # attention and norms: eager's elementwise deviation from fp64, doubled (see tolerances.py)
+            tol, bound = derived_tolerance(self.spec, ref, truth), None
+            waste = family_waste_verdicts(self.spec, got, ref, self.backend_name)
+        else:  # a stack's every value against its fp64 truth, normwise
+            tol, bound = None, truth_bound(self.spec, truth)
+            waste = waste_verdicts(self.spec, got, self.backend_name)
+        self.figures["tolerance"] = (bound or tol).source
+        return self.require(self.standard_verdicts(ref, got, tol, bound) + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Record the verdicts and their figures; raise CheckFailures (every verdict, every failure message) when

@@ -71,7 +71,7 @@ def derived_tolerance(spec: CaseSpec, eager: Record, truth: Record) -> Tolerance
                                       f"{deviation:.2e} from fp64 (PyTorch SDPA tests' get_tolerances)")
 
 
-# Every gradient and output of a torch-lane case is bounded by the case's own fp64 truth (runner.run_fp64_eager), not
+# Every gradient and output of a torch-lane stack case is bounded by the case's own fp64 truth (runner.run_fp64_eager), not
 # by a distance to eager: a backend's normwise error against the truth may be at most TRUTH_FACTOR times eager's own
 # (never under the dtype's unit roundoff of the truth's norm). This is how PyTorch's SDPA tests bound a fused kernel
 # (test_transformers.py: the low-precision result's error against an fp64 reference, within a fudge factor of the
@@ -80,7 +80,9 @@ def derived_tolerance(spec: CaseSpec, eager: Record, truth: Record) -> Tolerance
 # eager does, while a gradient 1% off is 1% away, far above bf16's 2^-9 roundoff. Elementwise tables cannot tell
 # these apart in bf16: one element of two correct bf16 results differs by 6% (0.0688 vs 0.0645). Measured on every
 # bf16 stack spec of the nightly tier (tests/test_tolerances.py keeps it): matmul-then-bias lands at most 1.42x
-# eager's distance from the truth, a gradient 1% off at least 2.77x; fp32 separates by orders of magnitude.
+# eager's distance from the truth, a gradient 1% off at least 2.77x; fp32 separates by orders of magnitude. Model
+# families keep derived_tolerance: in bf16 thunder's decomposed attention rounds its intermediates where eager's
+# fused kernel keeps fp32, and a rank-1 LoRA gradient then lands 2.4x eager's normwise distance (a drawn nightly spec).
 TRUTH_FACTOR = 2.0
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -9}
 
