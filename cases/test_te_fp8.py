@@ -1,5 +1,7 @@
 """FP8 parity: te_eager and thunder_te against fp32 eager (recipe tolerances: E4M3, or HYBRID's for E5M2
-gradients), thunder_te also against te_eager; every row carries the TE lane's waste figures (checks.te_waste).
+gradients), their gradients against the reference on the same FP8 operands within accumulation noise
+(checks.fp8_tolerance), thunder_te also against te_eager; every row carries the TE lane's waste figures
+(checks.te_waste).
 
 Shapes FP8 GEMMs refuse (a width of 24): TE's modules refuse them at forward, with TE's own exception
 (2.20: ValueError, older: AssertionError; the message says "divisible"); thunder's executor leaves those linears
@@ -8,6 +10,7 @@ to torch, which the tex record shows (no TE GEMM for them).
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.ending import ending
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
@@ -17,7 +20,7 @@ from te_verify.checks.verdict import Verdict
 from te_verify.fp8 import fp8_dims_ok
 from te_verify.matrix_te import fp8_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import output_reference, run_te
+from te_verify.te_case import fp8_grad_parity, output_reference, run_te
 
 FAMILY = "te_fp8"
 LANE = "te"
@@ -53,14 +56,17 @@ def test_te_fp8(case):
     ref = run_mean_reduced(spec, EagerBackend())
     if refused_layers(spec):
         skip = "FP8 refuses these widths: te_eager raises, thunder_te leaves the layers to torch"
-        case.require(_error_input_verdicts(case, got, ref) + te_waste(spec.id, case.backend_name, spec, got, skip))
+        case.require(_error_input_verdicts(case, got, ref) + leftover_verdicts(spec.id, case.backend_name, ref, got)
+                     + te_waste(spec.id, case.backend_name, spec, got, skip))
         return
     tol = tolerance_for(spec, case.backend_name)
+    quantized = output_reference(spec, backend=case.backend)
     verdicts = [ending(spec.id, case.backend_name, ref, got),
                 replay_semantics(spec.id, case.backend_name, ref, got, tol),
-                output_parity(spec.id, case.backend_name, output_reference(spec), got, tol),
-                grad_parity(spec.id, case.backend_name, ref, got, tol),
+                output_parity(spec.id, case.backend_name, quantized, got, tol),
+                fp8_grad_parity(case, got, quantized, ref),
                 state_left_behind(spec.id, case.backend_name, ref, got, tol),
+                *leftover_verdicts(spec.id, case.backend_name, ref, got),
                 *te_waste(spec.id, case.backend_name, spec, got)]
     if case.backend_name != "te_eager":
         vs_te = grad_parity(spec.id, case.backend_name, run_mean_reduced(spec, TEEagerBackend()), got, tol)

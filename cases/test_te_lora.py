@@ -1,9 +1,9 @@
 """LoRA over TE Linear (issue 12): Llama blocks whose adapters' frozen bases are TE Linears and whose adapters are
 torch Linears, through the TE backends. High precision is held to eager on the same torch model (a TE Linear in
 high precision computes the same math) with the family's tolerance (derived from an fp64 eager run); FP8 as the TE
-lane holds it (mean-reduced cotangent, the recipe's tolerance, outputs against the FP8-operand reference). Every
-linear site runs exactly the oracle's GEMMs, the TE bases' read from the tex record: a frozen base runs no wgrad
-GEMM (checks.te_family).
+lane holds it (mean-reduced cotangent, the recipe's tolerance, outputs and gradients against the FP8-operand
+reference). Every linear site runs exactly the oracle's GEMMs, the TE bases' read from the tex record: a frozen base
+runs no wgrad GEMM (checks.te_family).
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.state import output_parity
@@ -13,7 +13,7 @@ from te_verify.matrix_te import te_lora_specs as SPECS  # noqa: F401
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
 from te_verify.reference.microbatch import run_mean_reduced
 from te_verify.runner import run_case, run_fp64_eager
-from te_verify.te_case import output_reference, run_te
+from te_verify.te_case import fp8_grad_parity, output_reference, run_te
 
 FAMILY = "te_lora"
 LANE = "te"
@@ -33,7 +33,9 @@ def test_te_lora(case):
     tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, run_fp64_eager(spec))
     case.figures["tolerance"] = tol.source
     verdicts = case.standard_verdicts(ref, got, tol)
-    if fp8:  # outputs against eager on FP8-rounded operands (te_case.output_reference), as the TE lane does
-        verdicts = [v for v in verdicts if v.check != "output_parity"]
-        verdicts.append(output_parity(spec.id, case.backend_name, output_reference(spec), got, tol))
+    if fp8:  # outputs and gradients against the reference on the same FP8 operands (te_case), as the TE lane does
+        quantized = output_reference(spec, backend=case.backend)
+        verdicts = [v for v in verdicts if v.check not in ("output_parity", "grad_parity")]
+        verdicts += [output_parity(spec.id, case.backend_name, quantized, got, tol),
+                     fp8_grad_parity(case, got, quantized, ref)]
     case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got)])

@@ -4,18 +4,22 @@ te_eager is held to fp32 eager, which completes every pass: real TE frees its sa
 and raises in the second (TE issue 990), so those cases are recorded known gaps, and the row keeps the class and
 message TE raised. thunder_te is held to te_eager: it must end the same way (same exception class at the same
 pass, or equal gradients after every pass); its maintainers asked for exactly that (thunder issue 701). Every row
-carries the waste figures (checks.te_waste): each replay repeats exactly the required backward GEMMs.
+carries the waste figures (checks.te_waste): each replay repeats exactly the required backward GEMMs. The
+gradients of the last pass both runs completed are also the grad_parity check's (beside a replay gap, a wrong
+first pass still fails), FP8 ones against the reference on the same FP8 operands (checks.fp8_tolerance).
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.ending import ending
+from te_verify.checks.leftovers import leftover_verdicts
+from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import output_reference, run_te
+from te_verify.te_case import fp8_grad_parity, output_reference, run_te
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -25,10 +29,15 @@ def test_te_replay(case):
     spec = case.spec
     got = run_te(case)
     ref = run_mean_reduced(spec, EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend())
-    outputs_ref = output_reference(spec) if case.backend_name == "te_eager" else ref
+    quantized = output_reference(spec, backend=case.backend)
+    outputs_ref = quantized if case.backend_name == "te_eager" else ref
     tol = tolerance_for(spec, case.backend_name)
+    grads = (fp8_grad_parity(case, got, quantized, ref) if spec.te.recipe
+             else grad_parity(spec.id, case.backend_name, ref, got, tol))
     case.require([ending(spec.id, case.backend_name, ref, got),
                   replay_semantics(spec.id, case.backend_name, ref, got, tol),
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
+                  grads,
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got),
                   *te_waste(spec.id, case.backend_name, spec, got)])

@@ -37,7 +37,7 @@ def shard_args(k: int | None) -> list[str]:
 def test_shards_of_the_pr_tier_partition_its_cases():
     ids, _ = pytest_runs({k: ["cases", "--tier", "pr", "--collect-only", *shard_args(k)] for k in (None, *SHARDS)})
     everything = set(ids[None])
-    assert len(everything) == len(ids[None]) > 800  # the whole pr tier, no duplicate ids
+    assert len(everything) == len(ids[None]) > 400  # the whole (chosen) pr tier, no duplicate ids
     parts = [set(ids[k]) for k in SHARDS]
     assert set().union(*parts) == everything
     assert sum(len(p) for p in parts) == len(everything)  # no overlap

@@ -24,6 +24,9 @@ class ThunderTEBackend:
 
     name = "thunder_te"
     lane = "te"
+    # Its executor runs te.ops' BasicLinear functional forward/backward, whose FP8 GEMMs add an fp32 bias as it is
+    # (te_case.runs_te_ops: the FP8 reference models that).
+    te_ops_linears = True
 
     def __init__(self, executors: Callable[[], Sequence] | None = None,
                  transforms: Callable[[], Sequence] | None = None) -> None:

@@ -8,13 +8,14 @@ raises as TE does.
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 
 from te_verify.reference.autocast import get_fp8_recipe, is_fp8_enabled, note_forward_scaler
-from te_verify.reference.fp8 import TensorScaler, assert_fp8_dims, dequantize
-from te_verify.reference.gemm_log import bias_grad, gemm, log_saved
+from te_verify.reference.fp8 import TensorScaler, assert_fp8_dims
+from te_verify.reference.gemm_log import bias_grad, fp8_operand, gemm, log_saved
 from te_verify.reference.recipe import Recipe
 
 
@@ -42,6 +43,28 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+# How an FP8 GEMM's bias epilogue takes an fp32 bias: TE's Linear and GroupedLinear modules cast it to bf16, cuBLAS
+# having no FP8 GEMM with an fp32 bias (module/linear.py and grouped_linear.py, `bias_dtype`); te.ops' BasicLinear
+# and GroupedLinear (which thunder's TE executor calls too) pass it as it is. `ops_bias_epilogue` selects the latter.
+_CAST_FP8_BIAS: list[bool] = [True]
+
+
+@contextlib.contextmanager
+def ops_bias_epilogue() -> Iterator[None]:
+    """Inside the block FP8 GEMMs add an fp32 bias as it is, as te.ops does."""
+    _CAST_FP8_BIAS.append(False)
+    try:
+        yield
+    finally:
+        _CAST_FP8_BIAS.pop()
+
+
+def epilogue_bias(b: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """The bias a GEMM adds: see _CAST_FP8_BIAS; a high-precision GEMM adds it as it is."""
+    cast = fp8 and _CAST_FP8_BIAS[-1] and b.dtype in (torch.float32, torch.float64)
+    return b.to(torch.bfloat16) if cast else b
+
+
 def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                    need_wgrad: bool, need_dgrad: bool):
     """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta)."""
@@ -57,7 +80,7 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         qw = state.scaler("weight", recipe, w.device).quantize(w)
         for slot in ("input", "weight"):
             note_forward_scaler(state.scalers[slot])
-        x_op, w_op = qx.dequantize(), qw.dequantize()
+        x_op, w_op = fp8_operand(qx.data, qx.scale_inv), fp8_operand(qw.data, qw.scale_inv)
         saved_x, saved_w = (qx.data if need_wgrad else None), (qw.data if need_dgrad else None)
         x_si, w_si = (qx.scale_inv if need_wgrad else None), (qw.scale_inv if need_dgrad else None)
     else:
@@ -65,7 +88,7 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
     out = gemm(state.label, "fprop", x_op, w_op.t(), fp8)
     if b is not None:
-        out = out + b.float()
+        out = out + epilogue_bias(b, fp8).to(out.dtype)
     if saved_x is not None:
         log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
     if saved_w is not None:
@@ -85,7 +108,7 @@ def free(meta: torch.Tensor) -> None:
 
 
 def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> torch.Tensor:
-    return dequantize(saved, scale_inv) if fp8 else saved
+    return fp8_operand(saved, scale_inv) if fp8 else saved
 
 
 def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
@@ -97,7 +120,8 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
     g2d = _as_2d(grad_out)
     if fp8:
         scaler = state.scaler("grad_output", state.recipe, g2d.device)
-        g_op = scaler.quantize(g2d).dequantize()
+        qg = scaler.quantize(g2d)
+        g_op = fp8_operand(qg.data, qg.scale_inv)
         scaler.update()
     else:
         g_op = g2d

@@ -81,13 +81,39 @@ def _phase() -> str:
     return _ACTIVE[-1].phase if _ACTIVE else ""
 
 
+# The dtype GEMMs, FP8 operands and bias reductions are computed in: fp32, as TE's GEMMs accumulate, or fp64 for the
+# truth FP8 gradients are bounded by (te_verify.checks.fp8_tolerance): the same quantized operands, exact arithmetic.
+_ACCUMULATE: list[torch.dtype] = [torch.float32]
+
+
+def accumulation_dtype() -> torch.dtype:
+    return _ACCUMULATE[-1]
+
+
+@contextlib.contextmanager
+def accumulating(dtype: torch.dtype) -> Iterator[None]:
+    """Compute the reference's GEMMs, FP8 operands and bias gradients in `dtype` inside the block."""
+    _ACCUMULATE.append(dtype)
+    try:
+        yield
+    finally:
+        _ACCUMULATE.pop()
+
+
+def fp8_operand(data: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """FP8 data times its scale_inv in the accumulation dtype (in fp32 exactly te_verify.fp8.dequantize)."""
+    dtype = accumulation_dtype()
+    return data.to(dtype) * scale_inv.to(dtype)
+
+
 def gemm(layer: str, role: str, a: torch.Tensor, b: torch.Tensor, fp8: bool) -> torch.Tensor:
-    """a @ b in fp32, logged with its layer and role."""
+    """a @ b in the accumulation dtype (fp32 unless `accumulating` says otherwise), logged with its layer and role."""
     assert role in ROLES[:3], role
     event = GemmEvent(layer, role, _phase(), a.shape[0], b.shape[1], a.shape[1], fp8)
     for log in _ACTIVE:
         log.gemms.append(event)
-    return a.float() @ b.float()
+    dtype = accumulation_dtype()
+    return a.to(dtype) @ b.to(dtype)
 
 
 def bias_grad(layer: str, g2d: torch.Tensor) -> torch.Tensor:
@@ -95,7 +121,7 @@ def bias_grad(layer: str, g2d: torch.Tensor) -> torch.Tensor:
     event = GemmEvent(layer, "bgrad", _phase(), 1, g2d.shape[1], g2d.shape[0], False)
     for log in _ACTIVE:
         log.gemms.append(event)
-    return g2d.float().sum(0)
+    return g2d.to(accumulation_dtype()).sum(0)
 
 
 def log_saved(layer: str, kind: str, nbytes: int, fp8: bool) -> None:
