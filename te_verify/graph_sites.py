@@ -20,13 +20,15 @@ import torch
 import torch.fx
 from torch.fx.passes.shape_prop import ShapeProp
 
+from te_verify import te_api
 from te_verify.oracle import Site
 
 
 def is_linear(module: torch.nn.Module) -> bool:
-    """torch.nn.Linear or TE's Linear (a module with a 2-D weight named like TE's)."""
+    """torch.nn.Linear, TE's Linear (a module with a 2-D weight named like TE's), or the Linear of the --te-impl
+    serving the TE lane (te_api.is_api_linear: a pure-PyTorch build's)."""
     return isinstance(module, torch.nn.Linear) or type(module).__module__.startswith("transformer_engine") and \
-        type(module).__name__ == "Linear"
+        type(module).__name__ == "Linear" or te_api.is_api_linear(module)
 
 
 SITE_MARK = "te_verify_site"  # attribute a family sets on a matrix Parameter its model multiplies by hand

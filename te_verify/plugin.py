@@ -317,7 +317,8 @@ def _judge_call(entries: list, run: CaseRun | None, report: pytest.TestReport, c
 def _add_repro_hint(config: pytest.Config, report: pytest.TestReport, row: dict) -> None:
     session, report_dir = config.stash[SESSION], config.getoption("report_dir")
     paths = {b.name: n for n, b in session.backends.items()}
-    hint = repro_hint(row, session.tier, Path(report_dir or "reports/<run>"), paths.get(row["backend"]))
+    hint = repro_hint(row, session.tier, Path(report_dir or "reports/<run>"), paths.get(row["backend"]),
+                      config.getoption("te_impl"))
     report.sections.append(("te_verify repro", hint))
 
 

@@ -11,6 +11,9 @@ the problem and the choice that would work); TE's import itself happens on first
 
 The `api` namespace: Linear, GroupedLinear, GroupedMLP and ops (None where absent), autocast(enabled,
 recipe=...) (both TE spellings), DelayedScaling, Float8CurrentScaling, Format, is_fp8_available(return_reason).
+A `package.module` needs the REQUIRED names and a Linear taking LINEAR_KEYWORDS (else one line at start); a case
+using more of TE's API than the module has (GroupedLinear, te.ops, main_grad, backward_dw, Format) skips naming
+it (backends.te_eager.missing_api), and one needing FP8 where is_fp8_available says no skips with its reason.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 from typing import Callable
@@ -25,6 +29,8 @@ from typing import Callable
 import torch
 
 REQUIRED = ("Linear", "DelayedScaling", "Float8CurrentScaling", "is_fp8_available")
+# What every TE family builds Linear with (TE's own keywords); main_grad, delayed wgrad and `name` are optional.
+LINEAR_KEYWORDS = ("bias", "params_dtype", "device")
 REAL, EMULATED, REFERENCE, EXTERNAL = "real", "emulated", "reference", "external"
 CPU_CHOICE = "transformer_engine_cpu"
 
@@ -86,10 +92,24 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
     )
 
 
+@functools.lru_cache(maxsize=64)
+def accepts(cls: type, keyword: str) -> bool:
+    """Whether `cls(...)` takes `keyword` (by name, or through **kwargs); a signature Python cannot read: yes."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def _check(name: str, api: SimpleNamespace) -> None:
     missing = [attr for attr in REQUIRED if getattr(api, attr) is None] + ([] if api.autocast else ["autocast/fp8_autocast"])
     if missing:
         raise TEImplError(f"--te-impl {name!r}: the module lacks {', '.join(missing)} of the TE API subset")
+    untaken = [kw for kw in LINEAR_KEYWORDS if not accepts(api.Linear, kw)]
+    if untaken:
+        raise TEImplError(f"--te-impl {name!r}: its Linear takes no {', '.join(untaken)} keyword (TE's "
+                          f"Linear(in_features, out_features, bias=, params_dtype=, device=))")
 
 
 def _te_python() -> SimpleNamespace:
@@ -226,6 +246,14 @@ def using(impl: TEImpl):
         yield impl
     finally:
         _ACTIVE[:] = previous
+
+
+def is_api_linear(module: torch.nn.Module) -> bool:
+    """Whether `module` is the active --te-impl's Linear once its API is loaded: how the probes know a pure-PyTorch
+    build's (a user's module, the reference) TE Linears as linear sites, as they know TE's own by its package."""
+    api = _ACTIVE[0].__dict__.get("api") if _ACTIVE else None  # never loads an implementation to answer
+    linear = getattr(api, "Linear", None)
+    return isinstance(linear, type) and isinstance(module, linear)
 
 
 def ensure_te_importable() -> None:

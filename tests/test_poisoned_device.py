@@ -20,7 +20,8 @@ RUNS = {
                  *TE_FAMILIES, "cases/test_te_moe.py", "cases/test_te_lora.py",
                  "--backend", "eager", "--backend", "te_eager"],
     # The reference TE.
-    "reference": [*TE_FAMILIES, "cases/test_te_moe.py", "--te-impl", "reference", "--backend", "te_eager"],
+    "reference": [*TE_FAMILIES, "cases/test_te_moe.py", "cases/test_te_lora.py", "--te-impl", "reference",
+                  "--backend", "te_eager"],
 }
 
 

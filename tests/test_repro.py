@@ -97,3 +97,15 @@ def test_case_check_runs_the_case_files_test_or_falls_back_to_verify():
     from_file = case_check(f"cases/test_freeze.py::test_freeze[eager-{SPEC.id}]")
     assert from_file.__name__ == "test_freeze" and from_file is not CaseRun.verify
     assert case_check("cases/test_missing.py::test_x[eager-x]") is CaseRun.verify
+
+
+def test_a_run_given_a_te_build_reproduces_over_that_build(tmp_path):
+    run = results()
+    run["header"]["te_impl"] = {"name": "tests.minimal_te_build", "why": "--te-impl tests.minimal_te_build"}
+    run["rows"].append(row(FREEZE, "te_eager", "failed", reason="boom"))
+    [script] = write_repros(run, tmp_path)
+    text = script.read_text()
+    assert "--backend te_eager --te-impl tests.minimal_te_build" in text and "TE_IMPL = 'tests.minimal_te_build'" in text
+    run["header"]["te_impl"] = {"name": "transformer_engine_cpu", "why": "no CUDA device: TE's Python over tex"}
+    [default] = write_repros(run, tmp_path / "default")
+    assert "--backend te_eager\n" in default.read_text() and "TE_IMPL = None" in default.read_text()

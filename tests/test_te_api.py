@@ -1,4 +1,6 @@
 """--te-impl resolution: the default for this machine, named implementations, custom modules, one-line errors."""
+import sys
+
 import pytest
 import torch
 
@@ -52,6 +54,22 @@ def test_bad_impl_module_is_a_one_line_error(name, fragment):
     with pytest.raises(te_api.TEImplError, match=fragment) as info:
         te_api.resolve(name)
     assert "\n" not in str(info.value)
+
+
+def test_impl_module_whose_linear_lacks_te_keywords_is_a_one_line_error(monkeypatch):
+    import types
+
+    import minimal_te_build
+
+    build = types.ModuleType("build_without_dtype")
+    vars(build).update({name: getattr(minimal_te_build, name) for name in te_api.REQUIRED + ("autocast",)})
+    build.Linear = type("Linear", (torch.nn.Module,), {"__init__": lambda self, i, o, bias=True, device=None: None})
+    monkeypatch.setitem(sys.modules, build.__name__, build)
+    with pytest.raises(te_api.TEImplError, match=r"'build_without_dtype': its Linear takes no params_dtype keyword"
+                                                 r" \(TE's Linear\(") as info:
+        te_api.resolve(build.__name__)
+    assert "\n" not in str(info.value)
+    assert te_api.resolve("minimal_te_build").kind == te_api.EXTERNAL  # README's minimum is accepted
 
 
 def test_reference_is_selectable_and_says_it_is_not_te():

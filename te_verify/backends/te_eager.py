@@ -52,8 +52,12 @@ class Kind:
     layers: int
     # (module, 2-D rows) -> output rows.
     call: Callable
-    # The API attribute the kind needs (None if the --te-impl lacks it).
+    # The API name of the class it builds, as a skip reason names it when the --te-impl lacks it.
     needs: str
+    # api -> the class the kind constructs (None where the --te-impl lacks it).
+    cls: Callable
+    # Its constructor keyword for accumulating the weight gradient into main_grad (Megatron's protocol).
+    main_grad_kw: str = "fuse_wgrad_accumulation"
 
 
 def _share(module: torch.nn.Module, pairs: dict[str, torch.nn.Parameter | None]) -> torch.nn.Module:
@@ -62,15 +66,20 @@ def _share(module: torch.nn.Module, pairs: dict[str, torch.nn.Parameter | None])
     return module
 
 
-def _module_kw(te: TEConfig, dtype: torch.dtype) -> dict:
-    return dict(fuse_wgrad_accumulation=te.main_grad, delay_wgrad_compute=te.delay_wgrad, params_dtype=dtype,
-                device=run_device.active())
+def _module_kw(cls: type, te: TEConfig, dtype: torch.dtype, name: str) -> dict:
+    # The main_grad and delayed-wgrad keywords only where the case uses them (False is TE's default), and `name`
+    # (a label for TE's debug tools and the reference's log) where taken, so a user's build without them serves the
+    # cases that do not need them (missing_api skips the others, naming what is missing).
+    return dict(params_dtype=dtype, device=run_device.active(),
+                **({"name": name} if te_api.accepts(cls, "name") else {}),
+                **({"fuse_wgrad_accumulation": True} if te.main_grad else {}),
+                **({"delay_wgrad_compute": True} if te.delay_wgrad else {}))
 
 
 def _linear(api, ls, te, dtype, name):
     (l,) = ls
-    return _share(api.Linear(l.in_features, l.out_features, bias=l.bias is not None, name=name, **_module_kw(te, dtype)),
-                  {"weight": l.weight, "bias": l.bias})
+    return _share(api.Linear(l.in_features, l.out_features, bias=l.bias is not None,
+                             **_module_kw(api.Linear, te, dtype, name)), {"weight": l.weight, "bias": l.bias})
 
 
 def _experts_of(layer: torch.nn.Module) -> list[torch.nn.Linear]:
@@ -88,8 +97,8 @@ def _group_params(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter | None
 def _grouped_linear(api, ls, te, dtype, name):
     (l,) = ls
     e = _experts_of(l)[0]
-    module = api.GroupedLinear(te.experts, e.in_features, e.out_features, bias=e.bias is not None, name=name,
-                               **_module_kw(te, dtype))
+    module = api.GroupedLinear(te.experts, e.in_features, e.out_features, bias=e.bias is not None,
+                               **_module_kw(api.GroupedLinear, te, dtype, name))
     return _share(module, _group_params(l))
 
 
@@ -123,19 +132,45 @@ def _split_tensor(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _grouped_mlp(api, ls, te, dtype, name):
     l1, l2 = ls
-    module = api.GroupedMLP(1, l1.in_features, l1.out_features, l2.out_features, bias=l1.bias is not None, name=name,
-                            **_module_kw(te, dtype))
+    module = api.GroupedMLP(1, l1.in_features, l1.out_features, l2.out_features, bias=l1.bias is not None,
+                            **_module_kw(api.GroupedMLP, te, dtype, name))
     return _share(module, {"fc1_weight0": l1.weight, "fc2_weight0": l2.weight, "fc1_bias0": l1.bias, "fc2_bias0": l2.bias})
 
 
+def _ops_class(name: str) -> Callable:
+    return lambda api: getattr(api.ops, name, None) if api.ops is not None else None
+
+
 KINDS: dict[str, Kind] = {
-    "linear": Kind(_linear, 1, lambda m, x: m(x), "Linear"),
-    "grouped_linear": Kind(_grouped_linear, 1, lambda m, x: m(x, _splits(x, m.num_gemms)), "GroupedLinear"),
-    "ops_linear": Kind(_ops_linear, 1, lambda m, x: m(x), "ops"),
-    "ops_grouped_linear": Kind(_ops_grouped_linear, 1,
-                               lambda m, x: m(x, _split_tensor(x, m.num_groups)), "ops"),
-    "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x: m(x, [x.shape[0]]), "GroupedMLP"),
+    "linear": Kind(_linear, 1, lambda m, x: m(x), "Linear", lambda api: api.Linear),
+    "grouped_linear": Kind(_grouped_linear, 1, lambda m, x: m(x, _splits(x, m.num_gemms)), "GroupedLinear",
+                           lambda api: api.GroupedLinear),
+    "ops_linear": Kind(_ops_linear, 1, lambda m, x: m(x), "ops.Linear", _ops_class("Linear"),
+                       "accumulate_into_main_grad"),
+    "ops_grouped_linear": Kind(_ops_grouped_linear, 1, lambda m, x: m(x, _split_tensor(x, m.num_groups)),
+                               "ops.GroupedLinear", _ops_class("GroupedLinear"), "accumulate_into_main_grad"),
+    "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x: m(x, [x.shape[0]]), "GroupedMLP", lambda api: api.GroupedMLP),
 }
+
+
+def missing_api(spec: CaseSpec, api: SimpleNamespace) -> list[str]:
+    """The parts of TE's API the case uses that `api` lacks (empty when it serves the case): the module kind's class,
+    main_grad accumulation (te.main_grad), backward_dw (te.delay_wgrad), Format (a recipe's fp8_format). Read
+    from the classes' attributes and signatures, without building anything."""
+    te = spec.te or TEConfig()
+    kind = KINDS[te.module]
+    cls = kind.cls(api)
+    if cls is None:
+        return [f"te.{kind.needs}"]
+    missing = []
+    if te.main_grad and not te_api.accepts(cls, kind.main_grad_kw):
+        missing.append(f"main_grad ({kind.needs}({kind.main_grad_kw}=True))")
+    delayed = callable(getattr(cls, "backward_dw", None)) and te_api.accepts(cls, "delay_wgrad_compute")
+    if te.delay_wgrad and not delayed:
+        missing.append(f"{kind.needs}.backward_dw with delay_wgrad_compute=True")
+    if te.recipe is not None and api.Format is None:
+        missing.append(f"Format (the recipe's fp8_format={te.fp8_format})")
+    return missing
 
 
 class TEStack(torch.nn.Module):
@@ -220,13 +255,14 @@ class TEEagerBackend:
         if spec.model is not None and (te.module != "linear" or te.main_grad or te.delay_wgrad or te.tied
                                        or te.experts > 1 or te.microbatches > 1):
             return f"a model family runs its adapters' bases as plain TE Linears, not {te.tag}"
-        if getattr(self.impl.api, kind.needs) is None:
-            return f"--te-impl {self.impl.name} serves no {kind.needs} (module kind {te.module})"
         if spec.n_layers % kind.layers:
             return f"{te.module} pairs layers: needs an even number of layers"
         if te.module == "ops_linear" and te.delay_wgrad:
             return "te.ops.Linear has no delay_wgrad_compute"
-        return fp8_skip_reason(spec, self.impl)
+        # FP8 first: a build without FP8 skips its FP8 cases for that, not for an FP8 API it has no use for.
+        missing = missing_api(spec, self.impl.api)
+        return fp8_skip_reason(spec, self.impl) or (
+            f"--te-impl {self.impl.name} lacks {', '.join(missing)} (module kind {te.module})" if missing else None)
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec) -> TEStack:
         api = self.impl.api

@@ -39,7 +39,7 @@ def saved_fp8_copies(spec: CaseSpec, record: Record) -> list[SavedCopy] | None:
         return None
     if "tex_record" in obs:
         return _tex_copies(obs)
-    if any(a.kind in ("weight_copy", "input_copy") for a in obs.get("saved_storages", [])):
+    if obs.get("copies_followed"):
         return _aten_copies(spec, obs)
     return None
 

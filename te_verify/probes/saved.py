@@ -189,7 +189,10 @@ class SavedTensorsProbe:
 
     def observations(self) -> dict[str, Any]:
         items = self.items
-        return {"saved_items": items, "saved_storages": self.new_storages(items)}
+        # Whether copies were followed: then a storage attributed to no weight or input copy is measured as no copy,
+        # and an empty list of copies is a measurement (an all-frozen FP8 case keeps none), not a missing record.
+        return {"saved_items": items, "saved_storages": self.new_storages(items),
+                "copies_followed": self._watcher.follow_copies}
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

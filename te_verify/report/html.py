@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from te_verify.report.repro import pytest_command, repro_filename
+from te_verify.report.repro import chosen_te_impl, pytest_command, repro_filename
 from te_verify.report.results import ResultsError, load_results, write_atomic
 from te_verify.report.summary import update_worst_ratios
 
@@ -63,7 +63,7 @@ class Cell:
         return [(k.removesuffix("_ratio"), self.ratios[k]) for k in keys]
 
 
-def _row_view(row: dict, tier: str | None, ids: set[str]) -> dict[str, Any]:
+def _row_view(row: dict, tier: str | None, ids: set[str], te_impl: str | None = None) -> dict[str, Any]:
     element_id = anchor("case", row["nodeid"])
     while element_id in ids:
         element_id += "-"
@@ -73,7 +73,7 @@ def _row_view(row: dict, tier: str | None, ids: set[str]) -> dict[str, Any]:
         **row, "anchor": element_id, "failing": failing,
         "figures": dict(sorted((row.get("figures") or {}).items())),
         "spec_json": json.dumps(row.get("spec"), indent=1) if row.get("spec") is not None else None,
-        "pytest_command": pytest_command(row, tier),
+        "pytest_command": pytest_command(row, tier, te_impl=te_impl),
         "repro": f"repro/{repro_filename(row)}" if failing and row.get("spec") else None,
     }
 
@@ -87,6 +87,7 @@ def _order_backends(header: dict, seen: set[str]) -> list[str]:
 def build_matrix(results: dict) -> dict[str, Any]:
     """Families, backends, cells and totals for the template."""
     tier = results.get("header", {}).get("tier")
+    te_impl = chosen_te_impl(results.get("header", {}).get("te_impl"))
     cells: dict[tuple[str, str], Cell] = {}
     totals: dict[str, int] = defaultdict(int)
     ids: set[str] = set()
@@ -96,7 +97,7 @@ def build_matrix(results: dict) -> dict[str, Any]:
         cell.counts[row["outcome"]] += 1
         totals[row["outcome"]] += 1
         update_worst_ratios(cell.ratios, row.get("figures") or {})
-        cell.rows.append(_row_view(row, tier, ids))
+        cell.rows.append(_row_view(row, tier, ids, te_impl))
     for cell in cells.values():
         cell.rows.sort(key=lambda r: (OUTCOMES.index(r["outcome"]) if r["outcome"] in OUTCOMES else 0, r["case_id"] or ""))
     return {

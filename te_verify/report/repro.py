@@ -40,20 +40,31 @@ def _shell_quote(text: str) -> str:
     return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
 
 
-def pytest_command(row: dict, tier: str | None = None, backend_path: str | None = None) -> str:
-    """`pytest "<nodeid>" --tier <tier> --backend <backend>`: the one case, on the one backend."""
+def chosen_te_impl(te_impl: dict | None) -> str | None:
+    """The `--te-impl` a run was given (its header's te_impl entry), None where it ran the machine's default: a
+    repro of a user's build must load that build again."""
+    return te_impl["name"] if te_impl and str(te_impl.get("why", "")).startswith("--te-impl") else None
+
+
+def pytest_command(row: dict, tier: str | None = None, backend_path: str | None = None,
+                   te_impl: str | None = None) -> str:
+    """`pytest "<nodeid>" --tier <tier> --backend <backend> [--te-impl <build>]`: the one case, on the one backend,
+    over the TE build the run was given."""
     parts = ["pytest", _shell_quote(row["nodeid"])]
     if tier:
         parts += ["--tier", tier]
     backend = backend_path or row.get("backend")
     if backend and backend != "-" and not (row.get("spec") or {}).get("dist"):
         parts += ["--backend", backend]
+    if te_impl:
+        parts += ["--te-impl", te_impl]
     return " ".join(parts)
 
 
-def repro_hint(row: dict, tier: str | None, report_dir: Path, backend_path: str | None = None) -> str:
+def repro_hint(row: dict, tier: str | None, report_dir: Path, backend_path: str | None = None,
+               te_impl: str | None = None) -> str:
     """Two lines for a failure message: the pytest command and the repro script."""
-    return (f"reproduce: {pytest_command(row, tier, backend_path)}\n"
+    return (f"reproduce: {pytest_command(row, tier, backend_path, te_impl)}\n"
             f"       or: python {Path(report_dir) / 'repro' / repro_filename(row)}")
 
 
@@ -61,13 +72,14 @@ def _docstring_safe(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-def render_script(row: dict, run_id: str, tier: str | None, backend_path: str | None = None) -> str:
+def render_script(row: dict, run_id: str, tier: str | None, backend_path: str | None = None,
+                  te_impl: str | None = None) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["pyrepr"] = repr
     return env.get_template("repro.py.j2").render(
         row=row, filename=f"repro/{repro_filename(row)}", run_id=run_id,
-        command=_docstring_safe(pytest_command(row, tier, backend_path)),
+        command=_docstring_safe(pytest_command(row, tier, backend_path, te_impl)), te_impl=te_impl,
         reason=_docstring_safe(row.get("reason") or "(no message recorded)"),
         backend_path=backend_path or row["backend"], spec=pprint.pformat(row["spec"], width=100))
 
@@ -84,7 +96,8 @@ def write_repros(results: dict, report_dir: Path, backend_paths: dict[str, str] 
         path = Path(report_dir) / "repro" / repro_filename(row)
         if path in written:  # the same case and backend failed in two test functions: keep both
             path = path.with_name(f"{path.stem}__{_safe(row['nodeid'].split('::')[-1].split('[')[0])}.py")
-        write_atomic(path, render_script(row, header.get("run_id", "?"), header.get("tier"), paths.get(row["backend"])))
+        write_atomic(path, render_script(row, header.get("run_id", "?"), header.get("tier"), paths.get(row["backend"]),
+                                         chosen_te_impl(header.get("te_impl"))))
         written.append(path)
     return written
 
