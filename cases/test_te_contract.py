@@ -2,6 +2,7 @@
 main_grad accumulated exactly once per microbatch over 2 and 3 microbatches, no autograd accumulation copy.
 """
 from te_verify.backends.eager import EagerBackend
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
@@ -20,4 +21,5 @@ def test_te_contract(case):
     tol = tolerance_for(spec, case.backend_name)
     case.require([return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, tol),
                   output_parity(spec.id, case.backend_name, output_reference(spec, run_microbatches), got, tol),
-                  state_left_behind(spec.id, case.backend_name, ref, got, tol)])
+                  state_left_behind(spec.id, case.backend_name, ref, got, tol),
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])

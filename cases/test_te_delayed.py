@@ -5,6 +5,7 @@ Tied weights (TE issue 3437) are cases of this family; the reference's behaviour
 """
 import dataclasses
 
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance
@@ -29,4 +30,5 @@ def test_te_delayed(case):
     grads = REASSOCIATED if spec.te.tied else BITWISE
     case.require([return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, grads),
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
-                  state_left_behind(spec.id, case.backend_name, ref, got, BITWISE)])
+                  state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])

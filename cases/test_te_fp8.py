@@ -10,6 +10,7 @@ to torch, which the tex record shows (no TE GEMM for them).
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.ending import ending
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
@@ -55,7 +56,8 @@ def test_te_fp8(case):
     ref = run_mean_reduced(spec, EagerBackend())
     if refused_layers(spec):
         skip = "FP8 refuses these widths: te_eager raises, thunder_te leaves the layers to torch"
-        case.require(_error_input_verdicts(case, got, ref) + te_waste(spec.id, case.backend_name, spec, got, skip))
+        case.require(_error_input_verdicts(case, got, ref) + leftover_verdicts(spec.id, case.backend_name, ref, got)
+                     + te_waste(spec.id, case.backend_name, spec, got, skip))
         return
     tol = tolerance_for(spec, case.backend_name)
     quantized = output_reference(spec, backend=case.backend)
@@ -64,6 +66,7 @@ def test_te_fp8(case):
                 output_parity(spec.id, case.backend_name, quantized, got, tol),
                 fp8_grad_parity(case, got, quantized, ref),
                 state_left_behind(spec.id, case.backend_name, ref, got, tol),
+                *leftover_verdicts(spec.id, case.backend_name, ref, got),
                 *te_waste(spec.id, case.backend_name, spec, got)]
     if case.backend_name != "te_eager":
         vs_te = grad_parity(spec.id, case.backend_name, run_mean_reduced(spec, TEEagerBackend()), got, tol)

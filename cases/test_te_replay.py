@@ -11,6 +11,7 @@ first pass still fails), FP8 ones against the reference on the same FP8 operands
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.ending import ending
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
@@ -38,4 +39,5 @@ def test_te_replay(case):
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   grads,
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got),
                   *te_waste(spec.id, case.backend_name, spec, got)])

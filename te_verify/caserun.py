@@ -7,6 +7,7 @@ from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.ending import ending
 from te_verify.checks.family_waste import family_waste_verdicts
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
@@ -53,6 +54,7 @@ class CaseRun:
             grad_presence(case_id, name, ref, got),
             grad_parity(case_id, name, ref, got, tol, bound=bound),
             state_left_behind(case_id, name, ref, got, tol),
+            *leftover_verdicts(case_id, name, ref, got),
         ]
 
     def verify(self) -> list[Verdict]:

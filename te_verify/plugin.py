@@ -22,6 +22,7 @@ from te_verify.known_gaps import Judgement, check_results, judge
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
+from te_verify.distributed.declare import declared_wrapper
 from te_verify.matrix import TierError, check_tier
 from te_verify.report.repro import repro_hint
 from te_verify.report.results import outcome_of, reason_of
@@ -80,8 +81,12 @@ class Session:
         self.run_id = self.started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         self.te_impl = _activate_te_impl(config.getoption("te_impl"), config.getoption("te_capability"))
         names = config.getoption("backend") or list(TIER_DEFAULTS[self.tier])
-        self.dist_wrappers = [name for name in names if name in DIST_WRAPPERS]
-        self.backends = {name: resolve_backend(name) for name in names if name not in DIST_WRAPPERS}
+        # Users' wrappers declared by package.module:attr (te_verify.distributed.declare), by their names.
+        self.declared = {d.name: d for d in map(declared_wrapper, names) if d is not None}
+        declared_paths = {d.path for d in self.declared.values()}
+        self.dist_wrappers = [name for name in names if name in DIST_WRAPPERS] + list(self.declared)
+        self.backends = {name: resolve_backend(name) for name in names
+                         if name not in DIST_WRAPPERS and name not in declared_paths}
         self.expectations = load_expectations(Path(config.getoption("expectations")))
         self.env = current_env()
         self.report_dir = config.getoption("report_dir") or config.getoption("resume")
@@ -112,7 +117,8 @@ class Session:
             "compat": sorted(self.compat | set(compat.APPLIED)),
             "backends": {b.name: _availability(b) for b in self.backends.values()},
             "dist_wrappers": list(self.dist_wrappers),
-            "backend_paths": {b.name: n for n, b in self.backends.items()},
+            "backend_paths": {**{b.name: n for n, b in self.backends.items()},
+                              **{d.name: d.path for d in self.declared.values()}},
         }
 
 
@@ -168,6 +174,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     specs = module.SPECS(session.tier)
     if module.LANE == "dist":
         groups = {w: (None, [s for s in specs if s.dist.wrapper == w]) for w in session.dist_wrappers}
+        groups.update({name: (None, d.specs(module.FAMILY, specs)) for name, d in session.declared.items()})
     else:
         groups = {name: (backend, specs) for name, backend in session.lane_backends(module.LANE)}
     runs = []

@@ -9,6 +9,23 @@ import torch
 INPUT_GRAD = "<input>"  # key of the model input's gradient in Record.grads
 
 
+def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    """What a tensor is besides its values, as the checks of what a step leaves compare it (checks.leftovers)."""
+    return {"dtype": t.dtype, "shape": tuple(t.shape), "device": t.device, "layout": t.layout}
+
+
+@dataclass(frozen=True)
+class TensorState:
+    """A caller's tensor at one moment: its values (a detached copy) and metadata, requires_grad included."""
+
+    values: torch.Tensor
+    meta: dict[str, Any]
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorState":
+        return cls(t.detach().clone(), {**tensor_meta(t), "requires_grad": t.requires_grad})
+
+
 @dataclass
 class Record:
     """The observable result of a run; checks are pure functions of records."""
@@ -23,6 +40,12 @@ class Record:
     # last backward pass: what the run left behind (a backend must not write into them).
     state_before: dict[str, torch.Tensor] = field(default_factory=dict)
     state_after: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Every parameter's requires_grad after the last backward pass, by qualified name.
+    requires_grad_after: dict[str, bool] = field(default_factory=dict)
+    # The caller's tensors (the input x, the output cotangent; per microbatch where there are several) before the
+    # backend saw them and after the last backward pass: a backend must leave them as it found them.
+    inputs_before: dict[str, TensorState] = field(default_factory=dict)
+    inputs_after: dict[str, TensorState] = field(default_factory=dict)
     # grads[k] = gradients after backward pass k+1, by qualified parameter name (INPUT_GRAD for the input);
     # None where the gradient is None.
     grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)

@@ -8,9 +8,11 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
+from te_verify.isolation import fresh_case
 from te_verify.models import CaseInputs, build_model, freeze, frozen_at_backward, make_inputs, unfreeze_all
 from te_verify.probes.base import Probe
-from te_verify.record import INPUT_GRAD, Record
+from te_verify.probes.retention import Retention
+from te_verify.record import INPUT_GRAD, Record, TensorState
 from te_verify.spec import CaseSpec
 
 
@@ -40,6 +42,15 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def requires_grad_of(model: torch.nn.Module) -> dict[str, bool]:
+    return {name: p.requires_grad for name, p in model.named_parameters()}
+
+
+def input_states(inputs: CaseInputs, label: str = "") -> dict[str, TensorState]:
+    """The caller's input and output cotangent as they are now (`label` tells microbatches apart)."""
+    return {f"input x{label}": TensorState.of(inputs.x), f"output cotangent{label}": TensorState.of(inputs.grad_output)}
+
+
 def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: Record) -> None:
     """Run plain training steps (their outputs go to the record), then clear every gradient so the measured pass
     starts clean."""
@@ -63,16 +74,10 @@ def bind_probes(probes: list[Probe], model: torch.nn.Module) -> list[Probe]:
     return probes
 
 
-def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
-                 probes: Iterable[Probe] = ()) -> Record:
-    """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last)."""
-    probes = bind_probes(list(probes), model)
-    stage = 0
-    try:
-        warm_up(fn, model, inputs, spec.warmup_steps, record)
-    except Exception as exc:
-        record.error, record.error_pass = exc, 0
-        return record
+def _measured_step(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
+                   probes: list[Probe]) -> torch.Tensor | None:
+    """The probed forward and its `spec.replays` backward passes; returns the output (None if the forward raised)."""
+    out, stage = None, 0
     with contextlib.ExitStack() as stack:
         for probe in probes:
             stack.enter_context(probe)
@@ -90,16 +95,41 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
                 record.grads.append(snapshot_grads(model, inputs.x))
         except Exception as exc:  # a raise is an observation the replay check compares with eager's
             record.error, record.error_pass = exc, stage
-    record.state_after = model_state(model)
-    for probe in probes:
-        record.figures.update(probe.figures())
-        record.observations.update(probe.observations())
+    return out
+
+
+def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
+                 probes: Iterable[Probe] = ()) -> Record:
+    """Warm up (unprobed), forward once, then `spec.replays` backward passes (retain_graph on all but the last);
+    record what the run left (state, requires_grad, the caller's tensors) and, for a probed run that completed, what
+    a second step retains (probes.retention)."""
+    probes = bind_probes(list(probes), model)
+    record.inputs_before.update(input_states(inputs))
+    try:
+        warm_up(fn, model, inputs, spec.warmup_steps, record)
+    except Exception as exc:
+        record.error, record.error_pass = exc, 0
+        return record
+    with Retention(bool(probes)) as retention:  # entered first: on CPU it tracks from the measured step on
+        out = _measured_step(fn, model, inputs, spec, record, probes)
+        record.state_after = model_state(model)
+        record.requires_grad_after = requires_grad_of(model)
+        record.inputs_after.update(input_states(inputs))
+        for probe in probes:
+            record.figures.update(probe.figures())
+            record.observations.update(probe.observations())
+        if probes and record.error is None:
+            del out  # the measured step's output and graph
+            record.observations["retained"] = retention.second_step(fn, model, inputs)
+            record.figures["retained_bytes"] = record.observations["retained"].get("bytes")
     return record
 
 
 def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
     """Build the seeded model and let the backend prepare it; a raise is recorded (pass 0) and gives None. The
-    model's state as built is recorded first (what a backend must leave as it found it)."""
+    model's state as built is recorded first (what a backend must leave as it found it). The process is first put in
+    the state every case starts from (isolation.fresh_case), whatever ran before."""
+    fresh_case(spec)
     model = build_model(spec)
     record.state_before = model_state(model)
     try:

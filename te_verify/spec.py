@@ -16,6 +16,8 @@ RECIPES = (None, "delayed", "current")
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+# Names of users' wrappers declared in this process (te_verify.distributed.declare registers them).
+USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
 
@@ -103,7 +105,7 @@ class TEConfig:
 class DistConfig:
     """How the distributed lane wraps a case."""
 
-    # One of WRAPPERS.
+    # One of WRAPPERS, or a user's declared wrapper (USER_WRAPPERS).
     wrapper: str
     # Number of ranks; each rank feeds its shard of the global batch.
     world_size: int = 2
@@ -373,7 +375,8 @@ def validate(spec: CaseSpec) -> None:
         _check_tied(spec)
         _check_experts(spec)
     if spec.dist is not None:
-        _check(spec.dist.wrapper in WRAPPERS, f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS}")
+        _check(spec.dist.wrapper in WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
+               f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS} or a declared wrapper's name")
         _check(spec.dist.world_size >= 1, f"dist.world_size={spec.dist.world_size!r}: at least one rank")
         _check(spec.batch_shape[0] % spec.dist.world_size == 0,
                f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks")

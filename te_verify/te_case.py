@@ -16,6 +16,7 @@ from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.caserun import CaseRun
 from te_verify.checks.ending import ending
 from te_verify.checks.fp8_tolerance import fp8_bound
+from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.state import output_parity, state_left_behind
@@ -134,8 +135,8 @@ def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:
 
 def verify_te_stack(case: CaseRun) -> list[Verdict]:
     """A TE-lane stack case against eager: outputs and FP8 gradients against the reference on the same FP8 operands,
-    None-ness, gradients, state left behind, and the TE lane's waste checks; raises AssertionError with every
-    failure."""
+    None-ness, gradients, state left behind, what the step leaves besides values (checks.leftovers), and the TE
+    lane's waste checks; raises AssertionError with every failure."""
     spec, name = case.spec, case.backend_name
     got = run_te(case)
     ref = run_mean_reduced(spec, EagerBackend())
@@ -148,4 +149,5 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
                          grad_presence(spec.id, name, ref, got),
                          grads,
                          state_left_behind(spec.id, name, ref, got, tol),
+                         *leftover_verdicts(spec.id, name, ref, got),
                          *te_waste(spec.id, name, spec, got)])

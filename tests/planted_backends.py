@@ -130,3 +130,87 @@ class WritesFrozenBias(_Planted):
             return out
 
         return forward
+
+
+class OutputInOtherDtype(_Planted):
+    """Returns eager's output upcast to fp64: every value is eager's and the gradients are exact (the value checks
+    compare in fp64), only the dtype differs."""
+
+    name = "planted_output_fp64"
+
+    def prepare(self, model, spec):
+        return lambda x: model(x).double()
+
+
+class GradInOtherDtype(_Planted):
+    """Leaves layer 1's weight gradient in fp64: the same values in another dtype than the parameter's."""
+
+    name = "planted_grad_fp64"
+
+    def prepare(self, model, spec):
+        def upcast(p: torch.nn.Parameter) -> None:
+            p.grad.data = p.grad.data.double()
+
+        model[int(FAULTY_LAYER)].weight.register_post_accumulate_grad_hook(upcast)
+        return model
+
+
+class UnfreezesAfterForward(_Planted):
+    """Sets requires_grad on the first frozen weight after each forward: nothing computed changes (the graph was
+    built with it frozen), the model is left with another trainable set."""
+
+    name = "planted_unfreezes"
+
+    def prepare(self, model, spec):
+        def forward(x):
+            out = model(x)
+            _first_frozen_weight(model, spec).requires_grad_(True)
+            return out
+
+        return forward
+
+
+class WritesInput(_Planted):
+    """Doubles the caller's input in place after the forward, through `.data` (autograd's version counter does not
+    see it): with layer 0's weight frozen nothing saved reads it, so no value the run returns changes."""
+
+    name = "planted_writes_input"
+
+    def prepare(self, model, spec):
+        def forward(x):
+            out = model(x)
+            x.data.mul_(2.0)
+            return out
+
+        return forward
+
+
+class WritesCotangent(_Planted):
+    """Halves the incoming output gradient in place and passes on twice the result: every gradient is exact, the
+    caller's grad_output is left halved."""
+
+    name = "planted_writes_cotangent"
+
+    def prepare(self, model, spec):
+        def forward(x):
+            out = model(x)
+            out.register_hook(lambda g: g.mul_(0.5) * 2.0)
+            return out
+
+        return forward
+
+
+class GrowingCache(_Planted):
+    """Keeps a copy of every forward output: a cache that gains an entry per step."""
+
+    name = "planted_growing_cache"
+
+    def prepare(self, model, spec):
+        outputs = []
+
+        def forward(x):
+            out = model(x)
+            outputs.append(out.detach().clone())
+            return out
+
+        return forward

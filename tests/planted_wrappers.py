@@ -112,3 +112,19 @@ def ddp_reducing_frozen_base(model, spec) -> Wrapped:
         return out
 
     return _with_forward(wrapped, forward)
+
+
+class PlantedSkippingDDP:
+    """ddp_skipping_first_weight declared as a user's wrapper of its own (the torchrun entry's --wrap)."""
+
+    name = "planted_skipping_ddp"
+    shards = False
+    families = ("dist_ddp",)
+    wrap = staticmethod(ddp_skipping_first_weight)
+
+
+class UndeclaredSharding:
+    """A declaration that leaves out whether it shards."""
+
+    name = "undeclared_sharding"
+    wrap = staticmethod(ddp_skipping_first_weight)

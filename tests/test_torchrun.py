@@ -19,6 +19,7 @@ from te_verify.matrix_dist import ddp_specs
 from te_verify.report.stream import STREAM, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
+PLANTED = "planted_skipping_ddp"  # planted_wrappers.PlantedSkippingDDP's name
 
 
 def free_port() -> int:
@@ -95,9 +96,9 @@ def run_one_node(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProces
 
 
 def test_a_planted_failing_case_exits_non_zero(tmp_path):
-    proc, rows = run_one_node(tmp_path, "--wrap", "planted_wrappers:ddp_skipping_first_weight")
+    proc, rows = run_one_node(tmp_path, "--wrap", "planted_wrappers:PlantedSkippingDDP")
     assert proc.returncode != 0, proc.stdout[-3000:]
-    assert rows and {r["outcome"] for r in rows} == {"failed"}
+    assert rows and {r["outcome"] for r in rows} == {"failed"} and {r["backend"] for r in rows} == {PLANTED}
     assert all("grad of 0.weight" in r["reason"] for r in rows)
 
 
@@ -105,25 +106,26 @@ def test_expectations_apply_as_in_the_plugin(tmp_path):
     """The same planted failure recorded as a known gap of its checks exits 0 (xfailed); recorded with another
     failure text it stays failed; recorded for one of its two failing checks it fails naming the other; a gap
     recorded for a passing case fails as an unexpected pass."""
-    case = ddp_specs("smoke")[0].id
+    case = ddp_specs("smoke")[0].id.removesuffix("ddp.ws2")  # the prefix both wrappers' ids share
     folder = tmp_path / "expectations"
     folder.mkdir()
     entry = f'[[xfail]]\nprefix = "{case}"\nreason = "planted"\nlink = "https://example.org/planted"\n'
     both = 'checks = ["dist_grad_parity", "gradient_volume"]\n'
-    (folder / "ddp.toml").write_text(entry + both + 'failure = "grad of 0.weight"\n')
-    planted = ("--wrap", "planted_wrappers:ddp_skipping_first_weight", "--expectations", str(folder))
+    (folder / f"{PLANTED}.toml").write_text(entry + both + 'failure = "grad of 0.weight"\n')
+    planted = ("--wrap", "planted_wrappers:PlantedSkippingDDP", "--expectations", str(folder))
     proc, rows = run_one_node(tmp_path / "known", *planted)
     assert proc.returncode == 0 and [r["outcome"] for r in rows] == ["xfailed"], proc.stdout[-3000:]
     assert "grad of 0.weight" in rows[0]["observed"] and rows[0]["checks"]["gradient_volume"] == "known gap"
-    (folder / "ddp.toml").write_text(entry + both + 'failure = "some other gap"\n')
+    (folder / f"{PLANTED}.toml").write_text(entry + both + 'failure = "some other gap"\n')
     proc, rows = run_one_node(tmp_path / "other", *planted)
     assert proc.returncode == 1 and rows[0]["outcome"] == "failed" and "FAILED DIFFERENTLY" in rows[0]["reason"]
-    (folder / "ddp.toml").write_text(entry + 'checks = ["dist_grad_parity"]\n')
+    (folder / f"{PLANTED}.toml").write_text(entry + 'checks = ["dist_grad_parity"]\n')
     proc, rows = run_one_node(tmp_path / "beside", *planted)
     assert proc.returncode == 1 and rows[0]["outcome"] == "failed"
     assert "FAILED BESIDE A KNOWN GAP: check 'gradient_volume' failed" in rows[0]["reason"]
     (folder / "ddp.toml").write_text(entry + both)
     proc, rows = run_one_node(tmp_path / "clean", "--expectations", str(folder))
+    rows = [r for r in rows if r["case_id"].startswith(case)]
     assert proc.returncode == 1 and rows[0]["outcome"] == "xpassed" and "UNEXPECTED PASS" in rows[0]["reason"]
 
 

@@ -16,5 +16,5 @@ def count_compilations(fn) -> int | None:
     if type(fn).__name__ == "OptimizedModule":
         from torch._dynamo.utils import counters
 
-        return int(counters["stats"]["unique_graphs"])  # cleared by TorchCompileBackend.prepare
+        return int(counters["stats"]["unique_graphs"])  # cleared before every case (isolation.fresh_case)
     return None

@@ -1,29 +1,19 @@
 """torch.compile with a chosen dynamo backend: aot_eager (AOTAutograd's partitioning, cheap) or inductor; static
 shapes unless the backend is the explicit dynamic one.
 
-What one case's compilation could leave for the next is cut here: dynamo's caches and automatic-dynamic state
-(`torch._dynamo.reset()`), and inductor's FX-graph and AOTAutograd caches, which `reset()` does not clear (they
-live on disk): a cache hit loads a backward compiled ahead of time with donated buffers, so whether
-`backward(retain_graph=True)` raises depended on which cases ran before, in this process or an earlier one.
-Shapes are static (`dynamic=False`), so automatic dynamic shapes never turn on by the order cases arrive in;
-`torch_compile_dynamic` compiles with `dynamic=True` on purpose.
+Shapes are static (`dynamic=False`), so automatic dynamic shapes never turn on by the order cases arrive in (with
+torch's default, dynamic=None, a second input shape through the same code recompiles with dynamic shapes, whose
+backward AOTAutograd compiles ahead of time with donated buffers: a later backward(retain_graph=True) raises);
+`torch_compile_dynamic` compiles with `dynamic=True` on purpose. Every case compiles from scratch: dynamo's state
+and the compile caches are cut before each case builds its model (te_verify.isolation).
 """
 from __future__ import annotations
 
 import torch
-import torch._functorch.config
-import torch._inductor.config
-from torch._dynamo.utils import counters
+import torch._dynamo
 
 from te_verify import device as run_device
 from te_verify.spec import CaseSpec
-
-
-def no_compile_caches() -> None:
-    """Compile every case from scratch: no inductor FX-graph or AOTAutograd cache (in memory or on disk)."""
-    torch._inductor.config.fx_graph_cache = False
-    torch._inductor.config.fx_graph_remote_cache = False
-    torch._functorch.config.enable_autograd_cache = False
 
 
 class TorchCompileBackend:
@@ -47,7 +37,4 @@ class TorchCompileBackend:
         return True, ""
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        torch._dynamo.reset()  # no guard/cache carry-over between cases: each case compiles once, fresh
-        no_compile_caches()
-        counters.clear()  # reset() keeps them; compilations() reads unique_graphs for this case alone
         return torch.compile(model, backend=self.dynamo_backend, fullgraph=True, dynamic=self.dynamic)

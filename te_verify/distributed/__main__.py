@@ -1,5 +1,5 @@
 """torchrun entry: `torchrun --nproc-per-node N -m te_verify.distributed [--tier pr] [--report-dir DIR] [--device D]
-[--expectations DIR] [--wrap pkg.module:function]`.
+[--expectations DIR] [--wrap pkg.module:attr]`.
 
 Runs the same in-rank case runner inside the ranks torchrun made, on one node or several: each rank on GPU
 LOCAL_RANK of its node (nccl) or on the CPU (gloo). Rank 0 gathers every rank's outcome, applies the
@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import os
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
 
 from te_verify import device as run_device
 from te_verify import environment
 from te_verify.distributed.case_runner import DistCase, run_dist_case
+from te_verify.distributed.declare import DeclarationError, DeclaredWrapper, declared_wrapper, load_object
 from te_verify.distributed.wrappers import WrapperError
 from te_verify.expectations import ExpectationsError, covering, load_expectations, mark_reason, skip_entry
 from te_verify.known_gaps import check_results, judge
@@ -46,23 +45,39 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu (gloo) or cuda (nccl, GPU LOCAL_RANK per rank); "
                                                       "default: cuda when available")
     parser.add_argument("--expectations", default=str(ROOT / "expectations"), help="known gaps (default: the suite's)")
-    parser.add_argument("--wrap", default=None, help="package.module:function replacing te_verify's wrappers "
-                                                    "(certify your own; (model, spec) -> Wrapped)")
+    parser.add_argument("--wrap", default=None, help="package.module:attr of your wrapper's declaration: its "
+                                                    "families' cases run under its name (README, 'Your own wrapper')")
     return parser.parse_args(argv)
 
 
-def load_wrap(path: str | None) -> Callable | None:
-    """The --wrap function, or None; a bad path raises WrapperError naming it."""
+def load_wrap(path: str | None) -> DeclaredWrapper | None:
+    """The --wrap declaration, or None; a bad path or an object that declares no wrapper raises WrapperError
+    naming it."""
     if path is None:
         return None
-    module, _, attr = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise WrapperError(f"--wrap {path!r}: cannot load it: {type(exc).__name__}: {exc}") from None
+        declared = declared_wrapper(path)
+    except DeclarationError as exc:
+        raise WrapperError(f"--wrap {exc}") from None
+    if declared is None:
+        try:
+            load_object(path)
+        except DeclarationError as exc:
+            raise WrapperError(f"--wrap {exc}") from None
+        raise WrapperError(f"--wrap {path!r}: not a wrapper declaration (name, wrap, shards; README, 'Your own "
+                           "wrapper')")
+    return declared
 
 
-def run_one(spec, rank: int, world: int, wrap: Callable | None) -> tuple[object, str | None, float]:
+def selected_specs(args: argparse.Namespace, wrap: DeclaredWrapper | None) -> list:
+    """The tier's cases of the chosen families; under --wrap, the declared wrapper's families' cases under its name."""
+    if wrap is None:
+        return [spec for family in args.family or sorted(FAMILIES) for spec in FAMILIES[family](args.tier)]
+    families = [f for f in args.family or sorted(FAMILIES) if f in wrap.families]
+    return [spec for family in families for spec in wrap.specs(family, FAMILIES[family](args.tier))]
+
+
+def run_one(spec, rank: int, world: int, wrap: DeclaredWrapper | None) -> tuple[object, str | None, float]:
     began = time.perf_counter()
     try:
         return run_dist_case(rank, world, DistCase(spec, wrap)), None, time.perf_counter() - began
@@ -109,7 +124,7 @@ def start(choice: str | None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def gather_case(spec, rank: int, world: int, wrap: Callable | None = None, entries: list | None = None) -> dict | None:
+def gather_case(spec, rank: int, world: int, wrap: DeclaredWrapper | None = None, entries: list | None = None) -> dict | None:
     """Run `spec` on every rank; rank 0 gets its row, the others None."""
     outcome, error, duration = run_one(spec, rank, world, wrap)
     gathered = [None] * world if rank == 0 else None
@@ -132,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     places = [None] * world
     dist.all_gather_object(places, f"{socket.gethostname()}/{run_device.active()}")
     env = {"te_version": None, "device": environment.device()}  # the distributed lane runs no TE
-    specs = [spec for family in args.family or sorted(FAMILIES) for spec in FAMILIES[family](args.tier)]
+    specs = selected_specs(args, wrap)
     header = run_header(args, started, places)
     stream = RowStream(Path(args.report_dir)) if rank == 0 and args.report_dir else None
     if stream is not None:  # rank 0 streams each row as it finishes: a killed job keeps them

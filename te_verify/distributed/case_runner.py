@@ -20,6 +20,7 @@ from torch import nn
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
 from te_verify.graph_sites import linear_weights
+from te_verify.isolation import fresh_case
 from te_verify.models import FAMILIES, build_model, freeze, make_inputs, set_frozen, unfreeze_all
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
@@ -115,7 +116,7 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     spec = case.spec
     if spec.replays != 1:
         raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
-    torch.manual_seed(spec.seed)
+    fresh_case(spec)
     wrapped = prepare(spec, case.wrap or wrap)
     inputs = make_inputs(spec)
     x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)

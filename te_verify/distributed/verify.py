@@ -13,6 +13,7 @@ from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_
 from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
+from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
 from te_verify.distributed.pool import PoolResult, RankPool
@@ -28,7 +29,16 @@ from te_verify.spec import CaseSpec
 RESHARD_DEFAULTS = {"fsdp2": True, "fairscale_fsdp": True, "thunder_fsdp": True}
 
 
+def shards(spec: CaseSpec) -> bool:
+    """Whether the case's wrapper shards parameters (a user's wrapper: as it declares)."""
+    declared = REGISTERED.get(spec.dist.wrapper)
+    return declared.shards if declared is not None else spec.dist.wrapper in SHARDED
+
+
 def reshards_after_forward(spec: CaseSpec) -> bool:
+    declared = REGISTERED.get(spec.dist.wrapper)
+    if declared is not None:
+        return declared.reshards_after_forward
     opts = dict(spec.dist.options)
     if spec.dist.wrapper == "fsdp":
         return opts.get("sharding", "FULL_SHARD") == "FULL_SHARD"
@@ -133,7 +143,7 @@ def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Rec
     for rank, record in done:
         events = record.observations.get("gemm_events", [])
         inside = [e for e in events if not outside_sites(e)]
-        if spec.dist.wrapper in SHARDED:
+        if shards(spec):
             verdict = gemm_count_verdict(local, inside, label(rank))
         else:
             verdict = flops_verdict(local, record, spec.dist.wrapper, label(rank), events=inside)
@@ -221,6 +231,7 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
         raise ValueError(f"[{spec.id}] dist.world_size={spec.dist.world_size}: the rank pool has {pool.world_size} ranks")
     if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
+    wrap = wrap or REGISTERED.get(spec.dist.wrapper)  # a user's declared wrapper, loaded again in each rank
     result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool))
     figures.update(rank_peaks(result))
     figures["overhead_s"] = result.overhead_s

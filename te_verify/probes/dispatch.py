@@ -129,8 +129,20 @@ def only(layers: frozenset) -> int | None:
 
 def fingerprint(t: torch.Tensor) -> float:
     """A cheap summary of a tensor's data (its fp64 sum): equal for the same data, different once a buffer holds
-    another tensor's."""
-    return float(t.detach().double().sum())
+    another tensor's.
+
+    The probes' read, not the run's work: its fp64 copy and sum are kept out of the running watcher's live bytes.
+    Called from inside the watcher's dispatch hook the mode is already off the stack; called from a saved-tensor
+    pack hook (probes.saved) it is not, and the copy would count in the peak: 8 bytes per element plus the sum's 8,
+    which on a 1-element bf16 activation is 16 B against the 2 B the run saved."""
+    watcher = _ACTIVE[-1] if _ACTIVE else None
+    if watcher is None or not watcher.counting:
+        return float(t.detach().double().sum())
+    watcher.counting = False
+    try:
+        return float(t.detach().double().sum())
+    finally:
+        watcher.counting = True
 
 
 def _data_ptr(t: torch.Tensor) -> int | None:
@@ -268,6 +280,15 @@ class Watcher(TorchDispatchMode):
         older storage gave back with resize_(0), as FSDP frees gathered parameters, is a new allocation)."""
         entry = self._live.get(ptr)
         return entry if entry is not None and entry[2]() is storage else None
+
+    @property
+    def storages_made(self) -> int:
+        """How many storages ops made since the watcher was pushed (the serial of the latest)."""
+        return self._serial
+
+    def live_storages(self, since: int = 0) -> list[tuple[int, int]]:
+        """(data_ptr, nbytes) of the storages made after the `since`-th that are still alive."""
+        return [(ptr, entry[1]) for ptr, entry in self._live.items() if entry[0] > since and entry[2]() is not None]
 
     def is_new(self, t: torch.Tensor) -> bool:
         storage = t.untyped_storage()

@@ -66,3 +66,11 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Re
                  fp8_group: object = None) -> contextlib.AbstractContextManager:
     """The pre-2.9 spelling of `autocast`."""
     return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group)
+
+
+class FP8GlobalStateManager:
+    """TE's name for the holder of the global FP8 state; `reset()` as TE's (te_verify.isolation, before every case)."""
+
+    @staticmethod
+    def reset() -> None:
+        STATE.__init__()  # in place: whoever holds STATE sees the reset

@@ -12,7 +12,7 @@ import torch
 
 from te_verify.models import CaseInputs, make_inputs
 from te_verify.record import Record
-from te_verify.runner import build_prepared, model_state, run_case, snapshot_grads
+from te_verify.runner import build_prepared, input_states, model_state, requires_grad_of, run_case, snapshot_grads
 from te_verify.spec import CaseSpec
 
 
@@ -67,6 +67,7 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
     try:
         for k in range(spec.te.microbatches):
             inputs = make_inputs(spec.replace(seed=spec.seed + 1000 * k))
+            record.inputs_before.update(input_states(inputs, f" of microbatch {k + 1}"))
             for probe in probes:
                 probe.phase("backward", k + 1)
             out = fn(inputs.x)
@@ -79,6 +80,7 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
             if hasattr(fn, "backward_dw") and spec.te.delay_wgrad:
                 fn.backward_dw()
             record.grads.append(snapshot_grads(model, inputs.x))
+            record.inputs_after.update(input_states(inputs, f" of microbatch {k + 1}"))
             for n, p in weights.items():
                 obs[n].grad_kinds.append(classify(p))
     except Exception as exc:
@@ -87,6 +89,7 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
         probe.__exit__(None, None, None)
         record.observations.update(probe.observations())
     record.state_after = model_state(model)
+    record.requires_grad_after = requires_grad_of(model)
     for n, p in weights.items():
         obs[n].main_grad = p.main_grad.detach().clone() if hasattr(p, "main_grad") else None
         obs[n].grad_added = getattr(p, "grad_added_to_main_grad", None)

@@ -1,0 +1,118 @@
+"""What a step leaves besides values: each check names the element that differs.
+
+- output_meta: every forward output both runs produced has the reference's dtype, shape, device and layout. The
+  value checks convert both sides to fp64, so an output with eager's values in another dtype passes them. A TE
+  module returns the activation dtype whatever its FP8 recipe, so eager's dtype is the rule in every lane. Strides
+  are not judged: every op and autograd accept any strides, and eager's own depend on the kernel it picks (a 3-D
+  input through addmm or matmul); only `.view` on the result could tell.
+- grad_meta: the same for every gradient present in both runs (the model input's included), after every backward
+  pass both completed (how each ended is the `ending` check's).
+- requires_grad_left: every parameter's requires_grad after the run equals the reference's after its run: the
+  harness freezes both the same way (the spec's masks and timing), so a difference is the backend's doing.
+- inputs_left: the caller's tensors (the input x, the output cotangent; each microbatch's) are after the run what
+  they were before the backend saw them: bitwise, and with the same dtype, shape, device, layout and requires_grad.
+  The reference is not needed: no correct backend writes into its caller's tensors.
+- memory_retained: a second training step after the measured one grows live memory by nothing (probes.retention:
+  eager retains exactly the gradients, which the second step accumulates in place; first-use allocations belong to
+  the measured step).
+"""
+from __future__ import annotations
+
+import torch
+
+from te_verify.checks.ending import passes_compared
+from te_verify.checks.verdict import Verdict
+from te_verify.record import INPUT_GRAD, Record, tensor_meta
+
+
+def meta_problems(what: str, want: dict, have: dict) -> list[str]:
+    """One message per metadata field (tensor_meta's, requires_grad where recorded) on which `have` differs."""
+    return [f"{what}: {field} {have.get(field)}, expected {value}" for field, value in want.items()
+            if have.get(field) != value]
+
+
+def _verdict(check: str, case_id: str, backend: str, problems: list[str], figures: dict) -> Verdict:
+    if problems:
+        return Verdict(check, False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
+    return Verdict(check, True, figures=figures)
+
+
+def output_meta(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+    """Each forward output both runs produced has the reference's dtype, shape, device and layout."""
+    problems = []
+    for k, (want, have) in enumerate(zip(ref.outputs, got.outputs), start=1):
+        label = "forward output" if len(ref.outputs) == 1 else f"forward output {k} of {len(ref.outputs)}"
+        problems += meta_problems(label, tensor_meta(want), tensor_meta(have))
+    return _verdict("output_meta", case_id, backend, problems,
+                    {"output_meta_compared": min(len(ref.outputs), len(got.outputs))})
+
+
+def grad_meta(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+    """Each gradient present in both runs has the reference's dtype, shape, device and layout, after every pass
+    both completed (a gradient None on one side is grad_presence's)."""
+    problems, compared = [], 0
+    for k in range(passes_compared(ref, got)):
+        for name, want in ref.grads[k].items():
+            have = got.grads[k].get(name)
+            if want is None or have is None:
+                continue
+            compared += 1
+            what = "the model input's gradient" if name == INPUT_GRAD else f"grad of {name}"
+            problems += meta_problems(f"{what} after pass {k + 1}", tensor_meta(want), tensor_meta(have))
+    return _verdict("grad_meta", case_id, backend, problems, {"grad_meta_compared": compared})
+
+
+def requires_grad_left(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+    """Every parameter's requires_grad after the run equals the reference's after its run."""
+    problems = [f"parameter {name}: requires_grad {got.requires_grad_after.get(name)} after the run, expected {want}"
+                for name, want in ref.requires_grad_after.items()
+                if got.requires_grad_after and got.requires_grad_after.get(name) != want]
+    return _verdict("requires_grad_left", case_id, backend, problems,
+                    {"requires_grad_compared": len(got.requires_grad_after)})
+
+
+def inputs_left(case_id: str, backend: str, got: Record) -> Verdict:
+    """The caller's tensors after the run equal what they were before it, bitwise and in metadata."""
+    problems = []
+    for name, before in got.inputs_before.items():
+        after = got.inputs_after.get(name)
+        if after is None:  # the run ended before the snapshot (a raise in warm-up): `ending` judges
+            continue
+        changed = meta_problems(f"{name} after the run", before.meta, after.meta)
+        if not changed and not torch.equal(before.values, after.values):
+            diff = (after.values.double() - before.values.double()).abs()
+            changed = [f"{name}: written by the run ({int((diff != 0).sum())} of {diff.numel()} elements changed, "
+                       f"max abs change {float(diff.max()):.3g})"]
+        problems += changed
+    return _verdict("inputs_left", case_id, backend, problems, {"inputs_compared": len(got.inputs_after)})
+
+
+def memory_retained(case_id: str, backend: str, got: Record) -> Verdict:
+    """A second training step grows live memory by nothing (probes.retention). Not measured where the run ended
+    early (`ending` judges); a completed run without the measurement fails, since then nothing was judged."""
+    seen = got.observations.get("retained")
+    if seen is None:
+        if got.error is not None:
+            return Verdict("memory_retained", True, figures={"retained_bytes": None})
+        return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: no second-step measurement (the "
+                                                 "run under test must run under the probes)")
+    if "error" in seen:
+        return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step after the "
+                                                 f"measured one raised {seen['error']}")
+    figures = {"retained_bytes": seen["bytes"], "retained_source": seen["source"]}
+    if not seen["bytes"]:
+        return Verdict("memory_retained", True, figures=figures)
+    where = (f"held by {', '.join(seen['holders'])}" if seen["holders"] else
+             "held outside the model and the backend's callable (a process-wide cache?)"
+             if seen["source"] == "cpu_storage_tracker" else "holders not traced on the CUDA allocator")
+    return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step retained "
+                                             f"{seen['bytes']:,} B beyond the gradients ({seen['source']}), {where}",
+                   figures)
+
+
+def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, second_step: bool = True) -> list[Verdict]:
+    """Every check of what a step leaves besides values; `second_step=False` where the runner takes none (the TE
+    lane's microbatch families)."""
+    verdicts = [output_meta(case_id, backend, ref, got), grad_meta(case_id, backend, ref, got),
+                requires_grad_left(case_id, backend, ref, got), inputs_left(case_id, backend, got)]
+    return verdicts + ([memory_retained(case_id, backend, got)] if second_step else [])

@@ -1,0 +1,57 @@
+"""What one case could leave for the next, cut before every run builds its model (runner.build_prepared for the
+torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a verdict is the case's alone:
+
+- dynamo's state: compiled code, guards, and automatic dynamic shapes (`torch._dynamo.reset()`; dynamo's profile of
+  which sizes changed lives in memory, pgo.py's code state, and reset() clears it), and its counters (the
+  `compilations` figure reads this run's graphs only);
+- compile caches that reset() does not touch (they live on disk and outlive the process): inductor's FX-graph cache,
+  the AOTAutograd cache, dynamo's saved profile (local and remote each). A cache hit loaded a backward compiled
+  ahead of time with donated buffers, so `backward(retain_graph=True)` raised only where an earlier case (in this
+  process or an earlier one) had compiled the same graph. Switched off one by one (torch's catch-all,
+  torch.compiler.config.force_disable_caches, warns at every compile after a reset);
+- TE's process-global FP8 state (autocast depth, recipe, the global amax and scale buffers modules register into),
+  reset as TE's own tests do between tests (`FP8GlobalStateManager.reset()`);
+- the global RNG: seeded from the case, so anything drawing from it (a library's init, dropout) draws the same
+  numbers in any order (the models draw their values from their own seeded generators).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch._dynamo
+import torch._functorch.config
+import torch._inductor.config
+from torch._dynamo.utils import counters
+
+from te_verify.spec import CaseSpec
+
+# Where the TE implementations keep their process-global FP8 state (TE >= 2.9, TE before 2.9, te_verify.reference),
+# each exposing TE's FP8GlobalStateManager.reset(). Only modules already imported are reset: isolation never loads TE.
+FP8_STATE_MODULES = ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8",
+                     "te_verify.reference.autocast")
+
+
+def no_compile_caches() -> None:
+    torch._inductor.config.fx_graph_cache = False
+    torch._inductor.config.fx_graph_remote_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    torch._functorch.config.enable_remote_autograd_cache = False
+    torch._dynamo.config.automatic_dynamic_local_pgo = False
+    torch._dynamo.config.automatic_dynamic_remote_pgo = False
+
+
+def reset_fp8_state() -> None:
+    for name in FP8_STATE_MODULES:
+        manager = getattr(sys.modules.get(name), "FP8GlobalStateManager", None)
+        if manager is not None:
+            manager.reset()
+
+
+def fresh_case(spec: CaseSpec) -> None:
+    """Put the process in the state a case starts from, whatever ran before it."""
+    no_compile_caches()
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps them
+    reset_fp8_state()
+    torch.manual_seed(spec.seed)

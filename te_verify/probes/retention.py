@@ -1,0 +1,136 @@
+"""What a second training step leaves in memory once it is over: memory a backend keeps growing step after step (a
+cache gaining an entry per call, a TE build appending per step).
+
+After the measured step, with its output and graph dropped, the runner runs one more plain step (forward, one
+backward) on the same input and drops its output. Its net growth, live bytes after it minus live bytes before it,
+must be zero: eager's AccumulateGrad adds the second step's gradients into the first's in place, so eager's is zero,
+and what a backend makes once on first use (compiled code and its constants, TE's process-wide workspace, FP8 scaling
+state) the measured step made already, while what it remakes every step (a cast or transposed weight cache) frees
+the previous step's. Judging the second step's growth rather than what the first left keeps first-use allocations
+out of the verdict and keeps it independent of which case ran before (a process-wide cache an earlier case made is
+missing from this case's first step only).
+
+What is measured. On a CUDA run device: the allocator's net growth (memory_allocated after the step minus before).
+On CPU: the shared dispatch Watcher's live bytes, tracked from the measured step on (Retention is entered before the
+probes and left after the second step): what dispatched ops made and is still alive, frees of what they made
+before netted. Inductor allocates its own buffers in C++ outside the dispatcher, so on CPU what compiled code keeps
+in such buffers is not seen; what it keeps through a dispatched op is.
+
+Cost: one step per probed run (the references run unprobed and pay nothing); gc.collect() runs only when something
+is left, to tell a reference cycle awaiting collection from a holder.
+"""
+from __future__ import annotations
+
+import gc
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+
+from te_verify import device as run_device
+from te_verify.models import CaseInputs
+from te_verify.probes import dispatch
+from te_verify.probes.dispatch import _data_ptr
+
+HOLDER_DEPTH = 6  # attribute hops searched from the model and the backend's callable to name what holds a storage
+
+
+def _step(fn: Callable, inputs: CaseInputs) -> None:
+    """One plain training step; returning drops its output and with it the graph."""
+    fn(inputs.x).backward(inputs.grad_output)
+
+
+def _children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
+    """What an object refers to, by the path a reader would write: a module's attributes, submodules and its
+    parameters' gradients, a dict's values, a sequence's items, a function's closure cells, any other object's
+    attributes."""
+    if isinstance(obj, torch.nn.Module):
+        skip = ("_parameters", "_buffers", "_modules")  # registered state is excluded; submodules by name below
+        yield from ((f"{path}.{k}", v) for k, v in vars(obj).items() if k not in skip)
+        yield from ((f"{path}.{k}", v) for k, v in obj.named_children())
+        for k, p in obj.named_parameters(recurse=False):  # a gradient the first step did not have
+            yield from ((f"{path}.{k}.{g}", getattr(p, g)) for g in ("grad", "main_grad") if hasattr(p, g))
+    elif isinstance(obj, dict):
+        yield from ((f"{path}[{k!r}]", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    elif isinstance(obj, types.FunctionType):
+        cells = zip(obj.__code__.co_freevars, obj.__closure__ or ())
+        yield from ((f"{path} (closure {name})", cell.cell_contents) for name, cell in cells if _cell_filled(cell))
+    elif isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(obj, (type, types.ModuleType)):
+        yield from ((f"{path}.{k}", v) for k, v in vars(obj).items())
+
+
+def _cell_filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def holders(roots: dict[str, Any], ptrs: set[int]) -> list[str]:
+    """Paths from `roots` to tensors on the storages `ptrs` (breadth first, each object once)."""
+    found, seen, level = [], set(), list(roots.items())
+    for _ in range(HOLDER_DEPTH):
+        following = []
+        for path, obj in level:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, torch.Tensor):
+                if _data_ptr(obj) in ptrs:
+                    found.append(path)
+                continue
+            following.extend(_children(path, obj))
+        level = following
+    return found
+
+
+class Retention:
+    """Entered before the probes (on CPU it keeps the shared Watcher from the measured step on); `second_step` runs
+    and judges the step after the measured one."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.device = run_device.active()
+        self._watcher: dispatch.Watcher | None = None
+
+    def __enter__(self) -> "Retention":
+        if self.enabled and self.device.type != "cuda":
+            self._watcher = dispatch.subscribe(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._watcher is not None:
+            dispatch.unsubscribe(self)
+            self._watcher = None
+
+    def _live_bytes(self) -> int:
+        if self._watcher is None:
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.memory_allocated(self.device)
+        return self._watcher.current_bytes
+
+    def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs) -> dict[str, Any]:
+        """Run a plain step after the measured one (whose output the caller dropped) and return its net growth:
+        `bytes`, the `holders` (attribute paths from the model and the backend's callable, CPU) of what it made and
+        left alive, `source`; or `error` when the step raised."""
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.set_phase("second step")  # tracked like the run's own work; not "forward": no layer is learned
+            watcher.follow_copies = False  # no probe reads copies now
+        before, made = self._live_bytes(), watcher.storages_made if watcher is not None else 0
+        try:
+            _step(fn, inputs)
+        except Exception as exc:  # a backend that cannot take a second step: the check reports it
+            return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+        grown = self._live_bytes() - before
+        if grown > 0:
+            gc.collect()
+            grown = self._live_bytes() - before
+        named = []
+        if grown > 0 and watcher is not None:
+            named = holders({"model": model, "the backend's callable": fn}, {p for p, _ in watcher.live_storages(made)})
+        return {"bytes": max(grown, 0), "holders": named,
+                "source": "cuda_allocator" if watcher is None else "cpu_storage_tracker"}
