@@ -1,17 +1,22 @@
 """Delayed wgrad: backward() then backward_dw() per microbatch, with frozen weights and over 1-3 calls,
 equals the same backend without delay_wgrad_compute bitwise (TE's own delay-wgrad tests use rtol=atol=0),
-and the contract holds (backward returns None; backward_dw accumulates into .grad, TE issue 3437).
+and the contract holds (backward returns None; backward_dw accumulates into .grad, TE issue 3437). The gradients
+are also held to eager's (FP8 cases to the reference on the same FP8 operands, as te_fp8's), since a wgrad wrong the
+same way with and without delay passes the bitwise comparison: `grad_parity` after the first microbatch (each wgrad
+is right) and, over 2-3 microbatches, `grad_accumulation` after the last (they add up as eager's do).
 Tied weights (TE issue 3437) are cases of this family; the reference's behaviour is in tests/test_te_delayed_wgrad.py.
 """
 import dataclasses
 
+from te_verify.backends.eager import EagerBackend
 from te_verify.checks.leftovers import leftover_verdicts
+from te_verify.checks.parity import grad_parity
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_contract import return_contract
-from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance
+from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import run_te
+from te_verify.te_case import fp8_grad_parity, output_reference, run_te
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -29,6 +34,22 @@ def test_te_delayed(case):
     ref = run_microbatches(undelayed, case.backend)
     grads = REASSOCIATED if spec.te.tied else BITWISE
     case.require([return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, grads),
+                  *vs_eager(case, got),
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])
+
+
+def vs_eager(case, got) -> list:
+    """grad_parity after the first microbatch; grad_accumulation after the last, where there are several."""
+    spec, name = case.spec, case.backend_name
+    eager = run_microbatches(spec, EagerBackend())
+    if spec.te.recipe is None:
+        compare = lambda k: grad_parity(spec.id, name, eager, got, tolerance_for(spec, name), k)
+    else:
+        quantized = output_reference(spec, run_microbatches, backend=case.backend)
+        compare = lambda k: fp8_grad_parity(case, got, quantized, eager, run_microbatches, k)
+    verdicts = [compare(0)]
+    if spec.te.microbatches > 1 and len(got.grads) > 1:
+        verdicts.append(dataclasses.replace(compare(-1), check="grad_accumulation"))
+    return verdicts

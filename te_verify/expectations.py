@@ -40,7 +40,7 @@ from packaging.version import InvalidVersion, Version
 
 STATUSES = ("xfail", "skip")
 KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device",
-        "checks"}
+        "checks", "elements"}
 SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
@@ -88,6 +88,10 @@ class Expectation:
     exclude: str | None = None
     # The checks (Verdict.check names) the gap is about; xfail entries name at least one, skip entries none.
     checks: tuple[str, ...] = ()
+    # The elements (parameters by qualified name) the gap is about, where its checks itemize their problems per
+    # element (grad_parity, return_contract): a problem of another element fails the case beside the gap. Empty: the
+    # gap covers its checks whole.
+    elements: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -128,8 +132,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         if key not in KEYS:
             raise _fail(path, _key_line(text, key, line), f"unknown key {key!r} in [[{status}]] (allowed: {', '.join(sorted(KEYS))})")
     for key, value in entry.items():
-        if key == "checks":
-            _check_names(path, _key_line(text, key, line), value)
+        if key in ("checks", "elements"):
+            _check_names(path, _key_line(text, key, line), value, key)
         elif not isinstance(value, str):
             raise _fail(path, _key_line(text, key, line), f"{key} must be a string, got {value!r}")
     selectors = [k for k in SELECTORS if k in entry]
@@ -142,7 +146,7 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         raise _fail(path, line, f"[[xfail]] {name!r}: missing 'link' (upstream URL)")
     if "exclude" in entry and "glob" not in entry:
         raise _fail(path, _key_line(text, "exclude", line), f"[[{status}]] {name!r}: 'exclude' narrows a 'glob' entry only")
-    for key in ("failure", "checks"):
+    for key in ("failure", "checks", "elements"):
         if status == "skip" and key in entry:
             raise _fail(path, _key_line(text, key, line), f"[[skip]] {name!r}: {key!r} applies to xfail entries only")
     if status == "xfail" and "checks" not in entry:
@@ -162,14 +166,15 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
                        te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
                        failure=entry.get("failure"), family=entry.get("family"), exclude=entry.get("exclude"),
-                       checks=tuple(entry.get("checks", ())))
+                       checks=tuple(entry.get("checks", ())), elements=tuple(entry.get("elements", ())))
 
 
-def _check_names(path: Path, line: int, value: Any) -> None:
+def _check_names(path: Path, line: int, value: Any, key: str = "checks") -> None:
+    what = "check names" if key == "checks" else "element names (a parameter's qualified name)"
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-        raise _fail(path, line, f"checks must be a non-empty list of check names, got {value!r}")
+        raise _fail(path, line, f"{key} must be a non-empty list of {what}, got {value!r}")
     if len(set(value)) != len(value):
-        raise _fail(path, line, f"checks {value!r} names a check twice")
+        raise _fail(path, line, f"{key} {value!r} names one twice")
 
 
 def load_file(path: Path) -> list[Expectation]:

@@ -1,16 +1,19 @@
 """A case judged check by check against the known gaps that cover it.
 
 Every check of a case runs and passes or fails on its own (a `Verdict`). Each expectation entry covering the case
-names the checks its gap is about (`checks`) and, optionally, text their failure must contain (`failure`). The case
-is a known gap iff every entry holds (each of its checks fails, as described) and every failing check is covered
-by an entry. Otherwise it fails, and the message says why, check by check:
-- a failing check no entry covers: FAILED BESIDE A KNOWN GAP (a gap blinds only its own checks);
+names the checks its gap is about (`checks`), optionally text their failure must contain (`failure`) and the
+elements (parameters) it is about (`elements`, for checks that itemize their problems per element). The case is a
+known gap iff every entry holds (each of its checks fails, as described) and every failing check is covered by an
+entry. Otherwise it fails, and the message says why, check by check:
+- a failing check no entry covers: FAILED BESIDE A KNOWN GAP (a gap blinds only its own checks); likewise a
+  covered check's problem with an element no entry covering the check names (a gap blinds only its elements);
 - an entry's check that passed: UNEXPECTED PASS, naming the entry (xfail entries are strict);
 - an entry's check failing without its text: FAILED DIFFERENTLY.
 A case with no entry passes iff every check passed.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -30,6 +33,8 @@ class CheckResult:
     ok: bool
     # The failure messages of that name, joined; "" when ok.
     message: str
+    # The failure itemized per element, where the check itemizes (Verdict.problems); () otherwise.
+    problems: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,7 +56,8 @@ def check_results(verdicts: Iterable[Verdict]) -> dict[str, CheckResult]:
     grouped: dict[str, list[Verdict]] = {}
     for verdict in verdicts:
         grouped.setdefault(verdict.check, []).append(verdict)
-    return {name: CheckResult(name, all(v.ok for v in vs), "\n".join(v.message for v in vs if not v.ok))
+    return {name: CheckResult(name, all(v.ok for v in vs), "\n".join(v.message for v in vs if not v.ok),
+                              tuple(p for v in vs if not v.ok for p in v.problems))
             for name, vs in grouped.items()}
 
 
@@ -76,12 +82,31 @@ def _entry_problems(entry: Expectation, results: dict[str, CheckResult]) -> tupl
     return passed, problems
 
 
+def _names(problem: str, element: str) -> bool:
+    """Whether an itemized problem is about `element` (a qualified name, not a longer one ending in it)."""
+    return re.search(rf"(?<![\w.]){re.escape(element)}(?![\w.])", problem) is not None
+
+
+def _beside_elements(entries: list[Expectation], result: CheckResult) -> list[str]:
+    """A covered check's problems with elements the entries covering it do not name; none where an entry covers the
+    check whole (no `elements`) or the check does not itemize."""
+    covering = [e for e in entries if result.name in e.checks]
+    if result.ok or not result.problems or any(not e.elements for e in covering):
+        return []
+    elements = [el for e in covering for el in e.elements]
+    return [p for p in result.problems if not any(_names(p, el) for el in elements)]
+
+
 def judge(entries: list[Expectation], results: dict[str, CheckResult]) -> Judgement:
     """The case's outcome from its checks' results and the xfail entries covering it (see the module docstring)."""
     covered = {name for entry in entries for name in entry.checks}
     beside = [r for r in results.values() if not r.ok and r.name not in covered]
     problems = [f"FAILED BESIDE A KNOWN GAP: check {r.name!r} failed:\n{r.message}" if entries else r.message
                 for r in beside]
+    for result in results.values():
+        if result.name in covered and (off := _beside_elements(entries, result)):
+            problems.append(f"FAILED BESIDE A KNOWN GAP: check {result.name!r} failed on elements its gap is not "
+                            f"about:\n" + "; ".join(off))
     unexpected, held = [], []
     for entry in entries:
         passed, entry_problems = _entry_problems(entry, results)

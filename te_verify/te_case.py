@@ -86,12 +86,12 @@ class _Fp64TEBackend(TEEagerBackend):
         return super().prepare(model.double(), spec)
 
 
-def quantized_truth(spec: CaseSpec, backend: object = None) -> Record:
+def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced) -> Record:
     """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
     quantized at the same places by the same rules. FP8 gradients are bounded by their distance from it
     (checks.fp8_tolerance): accumulation noise, not quantization noise."""
     with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64):
-        return run_mean_reduced(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64)
+        return runner(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64)
 
 
 def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
@@ -104,7 +104,8 @@ def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
     return sorted(set(claimed) - set(te_sites(spec)))
 
 
-def fp8_grad_parity(case: CaseRun, got: Record, quantized: Record, eager: Record) -> Verdict:
+def fp8_grad_parity(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                    runner: Callable = run_mean_reduced, pass_index: int = -1) -> Verdict:
     """grad_parity of an FP8 case against `quantized` (output_reference's record for the case's backend: the same
     operands quantized with the same scales), bounded by its fp64 truth (checks.fp8_tolerance), not by FP8's
     quantization tolerance; where the run quantized linears the reference does not (beyond_reference), against
@@ -114,8 +115,9 @@ def fp8_grad_parity(case: CaseRun, got: Record, quantized: Record, eager: Record
     beyond = beyond_reference(spec, got)
     if beyond:
         case.figures["fp8_grad_reference"] = f"eager within {tol}: the run quantized {beyond}, not TE sites of the case"
-        return grad_parity(spec.id, name, eager, got, tol)
-    return grad_parity(spec.id, name, quantized, got, tol, bound=fp8_bound(spec, quantized_truth(spec, case.backend)))
+        return grad_parity(spec.id, name, eager, got, tol, pass_index)
+    truth = quantized_truth(spec, case.backend, runner)
+    return grad_parity(spec.id, name, quantized, got, tol, pass_index, fp8_bound(spec, truth))
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:

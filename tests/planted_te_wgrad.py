@@ -1,10 +1,11 @@
-"""A planted TE build: TE's own `Linear`, whose backward returns every weight gradient WGRAD_ERROR too large.
+"""A planted TE build: TE's own `Linear`, whose weight-gradient GEMM computes every weight gradient WGRAD_ERROR too
+large, wherever that gradient goes.
 
-The fault sits in TE's Python, in the function `_Linear.backward` calls for its (wgrad, dgrad, bgrad)
-(transformer_engine.pytorch.module.linear._linear_backward_impl, TE >= 2.20); everything else is TE's real code over
-the active --te-impl. Paths whose wgrad does not leave through that return are untouched: fuse_wgrad_accumulation
-(the GEMM writes main_grad itself; backward returns None or the dummy) and delay_wgrad_compute (the wgrad GEMM is
-queued for backward_dw, backward returns None). te.ops and GroupedLinear are other code, also untouched.
+The fault sits in TE's Python, in the GEMM `_Linear`'s backward calls for dw = dy^T x (the `general_gemm` call of
+transformer_engine.pytorch.module.linear with layout "NT" and grad=True; TE >= 2.20): a returned wgrad is scaled;
+one accumulated into `main_grad` (fuse_wgrad_accumulation) has its increment scaled; a delayed one (delay_wgrad_compute)
+is computed by the same closure when `backward_dw()` runs, so it is scaled then. Everything else is TE's real code over
+the active --te-impl; te.ops and GroupedLinear are other code, untouched.
 """
 from __future__ import annotations
 
@@ -12,33 +13,44 @@ import contextlib
 from typing import Iterator
 
 import pytest
+import torch
 
 from te_verify import te_api
 
 WGRAD_ERROR = 1.05
 
 
+def _is_wgrad(kwargs: dict) -> bool:
+    return kwargs.get("grad") is True and kwargs.get("layout") == "NT"
+
+
 @contextlib.contextmanager
 def wgrad_off_by(factor: float = WGRAD_ERROR) -> Iterator[None]:
-    """Inside the block TE's Linear returns factor x its weight gradient (the active --te-impl runs TE's Python)."""
+    """Inside the block TE's Linear computes factor x every weight gradient (the active --te-impl runs TE's Python)."""
     te_api.active().api  # boots the tex emulation where that is the implementation, before TE is imported
     from transformer_engine.pytorch.module import linear
 
-    original = getattr(linear, "_linear_backward_impl", None)
+    original = getattr(linear, "general_gemm", None)
     if original is None:
-        raise RuntimeError("planted_te_wgrad: this TE has no module.linear._linear_backward_impl to plant the fault in")
+        raise RuntimeError("planted_te_wgrad: this TE's module.linear calls no general_gemm to plant the fault in")
 
-    def planted(args):
-        wgrad, dgrad, bgrad = original(args)
-        if wgrad is not None and not args.fuse_wgrad_accumulation:
-            wgrad = wgrad * factor
-        return wgrad, dgrad, bgrad
+    def planted(*args, **kwargs):
+        if not _is_wgrad(kwargs):
+            return original(*args, **kwargs)
+        into = kwargs.get("out")
+        before = into.detach().clone() if into is not None and kwargs.get("accumulate") else None
+        dw, *rest = original(*args, **kwargs)
+        if into is not None:  # written in place (main_grad): scale what this GEMM added
+            with torch.no_grad():
+                into.copy_(before + factor * (into - before) if before is not None else factor * into)
+            return (dw, *rest)
+        return (dw * factor, *rest)
 
-    linear._linear_backward_impl = planted
+    linear.general_gemm = planted
     try:
         yield
     finally:
-        linear._linear_backward_impl = original
+        linear.general_gemm = original
 
 
 @pytest.hookimpl(wrapper=True)

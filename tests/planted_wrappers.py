@@ -128,3 +128,40 @@ class UndeclaredSharding:
 
     name = "undeclared_sharding"
     wrap = staticmethod(ddp_skipping_first_weight)
+
+
+def ddp_broadcasting_params(model, spec) -> Wrapped:
+    """DDP that broadcasts every parameter from rank 0 before each forward (keeping replicas in sync), frozen ones
+    included: values identical on every rank already, and a frozen one never changes."""
+    import torch.distributed as dist
+
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+
+    def forward(x):
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+        return inner(x)
+
+    return _with_forward(wrapped, forward)
+
+
+def ddp_all_reducing_frozen_copies(model, spec) -> Wrapped:
+    """DDP that, at the end of backward, all-reduces (and averages back) a flat copy of the frozen parameters' values:
+    values unchanged, a collective nothing needs; only their content names them."""
+    import torch.distributed as dist
+
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+
+    def sync_frozen() -> None:
+        flat = torch.cat([p.detach().reshape(-1) for p in frozen])
+        dist.all_reduce(flat)
+
+    def forward(x):
+        out = inner(x)
+        out.register_hook(lambda g: torch.autograd.Variable._execution_engine.queue_callback(sync_frozen) and None)
+        return out
+
+    return _with_forward(wrapped, forward)

@@ -44,7 +44,9 @@ def test_clean_fsdp2_on_a_lora_block_passes_and_reduces_only_trainable_bytes(poo
     assert all(v.ok for v in verdicts.values()), [v.message for v in verdicts.values() if not v.ok]
     volume = verdicts["gradient_volume"].figures
     assert volume["collective_bytes_required"] == TRAINABLE_BYTES
-    assert TRAINABLE_BYTES <= volume["reduce_scatter_backward_bytes"] < 2 * TRAINABLE_BYTES
+    # FSDP2 reduce-scatters a unit in its post-backward hook, the root's in the end-of-backward callback.
+    reduced = volume.get("reduce_scatter_backward_bytes", 0) + volume.get("reduce_scatter_backward_end_bytes", 0)
+    assert TRAINABLE_BYTES <= reduced < 2 * TRAINABLE_BYTES
     assert verdicts["dist_waste_flops"].figures["flops_ratio"] == 1.0
     assert verdicts["dist_waste_saved"].figures["saved_bytes_required"] > 0
 

@@ -72,6 +72,19 @@ def test_two_gaps_of_one_case_each_cover_their_own_check():
     assert one.outcome == "xpassed" and "te_eager.toml:9" in one.message
 
 
+def test_a_gap_about_some_elements_blinds_only_them():
+    """A tied weight's gap (TE 3437) covers grad_parity on 1.weight; a 5% error of 0.weight beside it is named."""
+    tied = _entry(("grad_parity",), "max abs err")
+    tied = Expectation(**{**tied.__dict__, "elements": ("1.weight",)})
+    itemized = lambda *items: check_results([Verdict("grad_parity", False, "; ".join(items), problems=items)])
+    gap = "grad of 1.weight: max abs err 3.51"
+    assert judge([tied], itemized(gap)).outcome == "xfailed"
+    beside = judge([tied], itemized(gap, "grad of 0.weight: max abs err 0.05", "grad of 11.weight: max abs err 1"))
+    assert beside.outcome == "failed" and "check 'grad_parity' failed on elements its gap is not about" in beside.message
+    assert "grad of 0.weight: max abs err 0.05" in beside.message and "grad of 11.weight" in beside.message
+    assert gap not in beside.message.split("not about:")[1]
+
+
 def test_no_entry_passes_iff_every_check_passed():
     assert judge([], _results(grad_parity=True, waste_flops=True)).outcome == "passed"
     failed = judge([], _results(grad_parity=True, waste_flops="layer 1 (frozen weight): 1 wgrad GEMM, 0 required"))

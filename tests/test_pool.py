@@ -11,8 +11,9 @@ import pytest
 from te_verify.distributed.pool import RankFailure, RankPool, process_gone
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix_dist import MIDDLE, _spec
-from planted_wrappers import (ddp_extra_gemm, ddp_skipping_first_weight, ddp_wrong_output,
-                              ddp_writing_frozen_weight, defer_reshard_fsdp2)
+from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_params, ddp_extra_gemm,
+                              ddp_skipping_first_weight, ddp_wrong_output, ddp_writing_frozen_weight,
+                              defer_reshard_fsdp2)
 
 HANG_TIMEOUT_S = 3.0
 
@@ -129,10 +130,28 @@ def test_planted_extra_gemm_is_caught_by_the_ranks_flops(pool):
     assert "forward: layer 0 (trainable weight): 2 fprop GEMM, 1 required" in message
 
 
+def test_planted_broadcast_of_frozen_values_is_caught_naming_parameter_and_phase(pool):
+    verdicts = _planted_ddp(pool, ddp_broadcasting_params)
+    failed = {name for name, v in verdicts.items() if not v.ok}
+    assert failed == {"frozen_collectives"}, failed  # values only: every gradient and its reduction are DDP's
+    message = verdicts["frozen_collectives"].message
+    assert "ranks 0, 1: broadcast in forward carried the values of frozen 1.weight (4,096 B)" in message
+    assert "frozen 1.bias" in message and "0.weight" not in message  # trainable ones are not this check's
+
+
+def test_planted_reduction_of_frozen_value_copies_is_named_by_content(pool):
+    verdicts = _planted_ddp(pool, ddp_all_reducing_frozen_copies)
+    assert verdicts["gradient_volume"].ok, verdicts["gradient_volume"].message  # values, not gradients
+    message = verdicts["frozen_collectives"].message
+    assert "all_reduce in backward_end carried the values of frozen 1.weight (4,096 B)" in message, message
+    assert "frozen 1.bias (128 B)" in message
+
+
 def test_clean_ddp_passes_every_rank_check_with_figures(pool):
     spec = _spec("dist_ddp", "ddp", MIDDLE, True)
     figures = {}
     verdicts = {v.check: v for v in verify_dist(spec, pool, figures)}
     assert all(v.ok for v in verdicts.values()), [v.message for v in verdicts.values() if not v.ok]
-    assert {"dist_output_parity", "dist_state_left_behind", "dist_waste_flops", "dist_waste_saved"} <= set(verdicts)
+    assert {"dist_output_parity", "dist_state_left_behind", "dist_waste_flops", "dist_waste_saved",
+            "frozen_collectives"} <= set(verdicts)
     assert verdicts["dist_waste_flops"].figures["flops_ratio"] == 1.0 and figures["peak_bytes"] > 0

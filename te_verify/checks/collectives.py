@@ -1,16 +1,59 @@
-"""Gradient communication: the reduce-scatter / all-reduce volume in backward equals the trainable bytes.
+"""Communication of a distributed step, from every collective a rank made, by phase and by what it carried.
 
-Frozen parameters must not be reduced (volume above the trainable size plus sharding padding) and every
-trainable parameter must be (volume below the trainable size means a gradient skipped its reduction).
+- gradient_volume: the reduce-scatter / all-reduce volume after forward (backward and step), less what carried
+  parameter values, equals the trainable bytes. Frozen parameters must not be reduced (volume above the trainable
+  size plus sharding padding) and every trainable parameter must be (volume below the trainable size means a
+  gradient skipped its reduction).
+- frozen_collectives: nothing about a frozen parameter is communicated beyond what the wrapper's sharding needs.
+  A sharding wrapper all-gathers a frozen parameter's unit once in forward, and once more in backward only where
+  it reshards after forward and the unit takes part in backward (dgrad flows through it, or it trains: a unit is
+  gathered whole); anything else carrying a frozen parameter (a broadcast or all-reduce of its values, a gradient
+  reduction, a gather after backward, any collective of a wrapper that does not shard) is waste.
+Phases: "forward"; "backward" while autograd runs the graph's nodes (their hooks included); "backward_end" for
+end-of-backward callbacks (a wrapper's finalize, FSDP2's last reduce-scatter), run by autograd after the last node;
+"step" for anything after backward returns.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
+from te_verify.checks.reshard import LayerInfo
 from te_verify.checks.verdict import Verdict, waste_ratio
 
 GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
+AFTER_FORWARD = ("backward", "backward_end", "step")
 ALIGN_BYTES = 16  # FSDP1 with use_orig_params aligns every parameter in its flat buffer
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What part of a collective's buffer holds (distributed.carried names it)."""
+
+    # A parameter's qualified name ("<layer>.<weight|bias>" for a stack), or "buffer:<name>" for a model buffer.
+    name: str
+    # "values" (the tensor's values or a shard of them) or "grad" (the parameter's .grad storage).
+    what: str
+    # Bytes of the buffer holding it.
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One outermost collective call in a rank."""
+
+    # "all_reduce", "reduce_scatter", "all_gather" or "broadcast".
+    kind: str
+    # Bytes of its full-volume tensor(s) (the gathered output, the unreduced input).
+    nbytes: int
+    # "forward", "backward" or "step" (module docstring).
+    phase: str
+    # What its payload (the rank's contribution) carries, as far as storage and content tell.
+    carries: tuple[Carried, ...] = ()
+
+    @property
+    def value_bytes(self) -> int:
+        return sum(c.nbytes for c in self.carries if c.what == "values")
 
 
 @dataclass(frozen=True)
@@ -25,6 +68,8 @@ class ParamInfo:
     element_size: int
     # Does it require grad when backward runs?
     trainable: bool
+    # The unit the wrapper wraps it in (an index into the LayerInfo list); None for the root's own parameters.
+    unit: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -39,21 +84,22 @@ class ParamInfo:
         return (world_size - 1) * row + ALIGN_BYTES
 
 
-def reduction_bytes(calls: list[tuple[str, int, str]]) -> int:
-    return sum(nbytes for kind, nbytes, phase in calls if kind in GRAD_REDUCTIONS and phase == "backward")
+def reduction_bytes(calls: list[Collective]) -> int:
+    """Bytes reduced after forward, less what carried parameter values (frozen_collectives judges those)."""
+    return sum(max(c.nbytes - c.value_bytes, 0) for c in calls if c.kind in GRAD_REDUCTIONS and c.phase in AFTER_FORWARD)
 
 
-def summarize(calls: list[tuple[str, int, str]]) -> dict[str, int]:
+def summarize(calls: list[Collective]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for kind, nbytes, phase in calls:
-        out[f"{kind}_{phase}_calls"] = out.get(f"{kind}_{phase}_calls", 0) + 1
-        out[f"{kind}_{phase}_bytes"] = out.get(f"{kind}_{phase}_bytes", 0) + nbytes
+    for c in calls:
+        out[f"{c.kind}_{c.phase}_calls"] = out.get(f"{c.kind}_{c.phase}_calls", 0) + 1
+        out[f"{c.kind}_{c.phase}_bytes"] = out.get(f"{c.kind}_{c.phase}_bytes", 0) + c.nbytes
     return out
 
 
-def gradient_volume(case_id: str, backend: str, calls: list[tuple[str, int, str]], params: list[ParamInfo],
+def gradient_volume(case_id: str, backend: str, calls: list[Collective], params: list[ParamInfo],
                     world_size: int) -> Verdict:
-    """Backward reduction bytes within [trainable bytes, trainable bytes + padding bound]."""
+    """Reduction bytes after forward within [trainable bytes, trainable bytes + padding bound]."""
     actual = reduction_bytes(calls)
     trainable = [p for p in params if p.trainable]
     required = sum(p.nbytes for p in trainable)
@@ -63,13 +109,14 @@ def gradient_volume(case_id: str, backend: str, calls: list[tuple[str, int, str]
                **summarize(calls)}
     head = f"[{case_id}] backend {backend}"
     if actual < required:
-        return Verdict("gradient_volume", False, f"{head}: backward reduced {actual} B of gradients, the trainable "
-                       f"parameters ({', '.join(p.name for p in trainable)}) need {required} B: some were not reduced",
+        return Verdict("gradient_volume", False, f"{head}: backward and step reduced {actual} B of gradients, the "
+                       f"trainable parameters ({', '.join(p.name for p in trainable)}) need {required} B: some were "
+                       "not reduced",
                        figures)
     if actual > required + slack:
         frozen = [p for p in params if not p.trainable]
-        return Verdict("gradient_volume", False, f"{head}: backward reduced {actual} B of gradients, the trainable "
-                       f"parameters need {required} B (+{slack} B padding at most): frozen parameters "
+        return Verdict("gradient_volume", False, f"{head}: backward and step reduced {actual} B of gradients, the "
+                       f"trainable parameters need {required} B (+{slack} B padding at most): frozen parameters "
                        f"({', '.join(p.name for p in frozen) or 'none'}) were communicated"
                        + explain_surplus(frozen, actual - required, slack), figures)
     return Verdict("gradient_volume", True, figures=figures)
@@ -93,3 +140,53 @@ def explain_surplus(frozen: list[ParamInfo], surplus: int, slack: int) -> str:
     alike = [p.name for p in frozen if p.nbytes in sizes and p not in match]
     return (f"; the surplus of {surplus} B is the size of {', '.join(p.name for p in match)}"
             + (f" (or of same-sized {', '.join(alike)})" if alike else ""))
+
+
+def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collective]], params: list[ParamInfo],
+                       units: list[LayerInfo], shards: bool, regathers: bool) -> Verdict:
+    """Every collective carrying a frozen parameter, on every rank, against what the wrapper's sharding needs:
+    `shards` (it all-gathers parameters for forward) and `regathers` (it reshards after forward, so it gathers again
+    for backward the units that take part in it)."""
+    frozen, names = {p.name: p for p in params if not p.trainable}, {p.name for p in params}
+    needed_back = any(u.needed_in_backward for u in units)  # the root unit's (embedding, head) take part if any does
+    waste: dict[str, list[int]] = {}
+    figures = {"frozen_comm_bytes_needed": 0, "frozen_comm_bytes_waste": 0, "value_comm_bytes": 0,
+               "buffer_comm_bytes": 0}
+    for rank, calls in sorted(ranks.items()):
+        gathered: Counter = Counter()
+        for c in calls:
+            figures["value_comm_bytes"] += sum(x.nbytes for x in c.carries if x.what == "values" and x.name in names)
+            figures["buffer_comm_bytes"] += sum(x.nbytes for x in c.carries if x.name.startswith("buffer:"))
+            for x in c.carries:
+                if x.name not in frozen:
+                    continue
+                p, why = frozen[x.name], None
+                if not shards:
+                    why = "a wrapper that does not shard needs no collective for a frozen parameter"
+                elif x.what == "grad" or c.kind != "all_gather":
+                    why = f"a sharding wrapper needs only all-gathers of a frozen parameter's values"
+                elif c.phase in ("backward_end", "step"):
+                    why = "nothing needs it gathered once backward's nodes have run"
+                elif c.phase == "backward" and not regathers:
+                    why = "the wrapper keeps it gathered from forward to backward"
+                elif c.phase == "backward" and not (needed_back if p.unit is None else units[p.unit].needed_in_backward):
+                    why = f"nothing flows back through {_unit_name(p)} (frozen, its input needs no gradient)"
+                else:
+                    gathered[(c.phase, x.name)] += 1
+                    if gathered[(c.phase, x.name)] > 1:
+                        why = f"gathered {gathered[(c.phase, x.name)]} times in {c.phase}, once needed"
+                if why is None:
+                    figures["frozen_comm_bytes_needed"] += x.nbytes
+                    continue
+                figures["frozen_comm_bytes_waste"] += x.nbytes
+                what = "the gradient" if x.what == "grad" else "the values"
+                waste.setdefault(f"{c.kind} in {c.phase} carried {what} of frozen {x.name} ({x.nbytes:,} B): {why}",
+                                 []).append(rank)
+    if not waste:
+        return Verdict("frozen_collectives", True, figures=figures)
+    lines = [f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, sorted(set(r))))}: {m}" for m, r in waste.items()]
+    return Verdict("frozen_collectives", False, f"[{case_id}] backend {backend}: " + "; ".join(lines), figures)
+
+
+def _unit_name(p: ParamInfo) -> str:
+    return "the root unit" if p.unit is None else f"unit {p.unit}"

@@ -109,4 +109,4 @@ def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Toler
     if not problems:
         return Verdict("grad_parity", True, figures=figures)
     head = f"[{case_id}] backend {backend}: gradient parity vs {ref.backend} failed"
-    return Verdict("grad_parity", False, "; ".join([head, *problems]), figures)
+    return Verdict("grad_parity", False, "; ".join([head, *problems]), figures, tuple(problems))

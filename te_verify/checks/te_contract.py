@@ -69,5 +69,5 @@ def return_contract(case_id: str, backend: str, spec: CaseSpec, kind: str, ref: 
                 problems.append(msg)
     figures = {"contract_row": f"{kind}/{config}: {row.returns} ({row.label})"}
     if problems:
-        return Verdict("return_contract", False, f"{head}: " + "; ".join(problems), figures)
+        return Verdict("return_contract", False, f"{head}: " + "; ".join(problems), figures, tuple(problems))
     return Verdict("return_contract", True, figures=figures)

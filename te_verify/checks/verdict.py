@@ -15,6 +15,9 @@ class Verdict:
     message: str = ""
     # Figures the check measured, merged into the report row.
     figures: dict[str, Any] = field(default_factory=dict)
+    # The failure itemized, one problem per element (a parameter's gradient), where the check itemizes: a known gap
+    # scoped to some elements (expectations `elements`) leaves the others judged.
+    problems: tuple[str, ...] = ()
 
 
 class CheckFailures(AssertionError):

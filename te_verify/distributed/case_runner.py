@@ -3,7 +3,8 @@
 Every rank builds the identical seeded model, freezes it as the spec says (before or after wrapping),
 wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
 scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
-batch. Collectives are counted and the gathered-parameter timeline recorded while forward and backward run.
+batch. Collectives are recorded (by phase, and by what they carry: distributed.carried) and the gathered-parameter
+timeline while forward and backward run.
 Everything is made on the rank's device (te_verify.device, set by the pool or the torchrun entry); the outcome
 travels back as host copies.
 """
@@ -17,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from te_verify.checks.collectives import Collective
+from te_verify.distributed.carried import Attribution, ContentIndex
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
 from te_verify.graph_sites import linear_weights
@@ -49,8 +52,9 @@ class RankOutcome:
     grads: dict[str, torch.Tensor | None]
     # Full gradient of the global input, gathered from every rank's shard (None if the input needs none).
     input_grad: torch.Tensor | None
-    # One (kind, bytes, phase) per collective call during forward and backward.
-    collectives: list[tuple[str, int, str]]
+    # Every collective call during forward and backward (and what ran after autograd's nodes: "step"), with what
+    # it carried.
+    collectives: list[Collective]
     # (event, boundary, gathered bytes per layer) in backward order; empty when not observable.
     timeline: list[tuple[str, int, list[int]]]
     # The forward output of the global batch, gathered from every rank's shard.
@@ -65,10 +69,13 @@ class RankOutcome:
     observations: dict = field(default_factory=dict)
 
 
-def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
-    """Build, freeze before or after wrapping as the spec says, wrap."""
+def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution]:
+    """Build, freeze before or after wrapping as the spec says, wrap; and how to name what a collective carries
+    (the parameters' and buffers' values as built, the tensors the wrapper holds at each call)."""
     model = build_model(spec)
     slots = param_slots(model)  # taken before wrapping: freezing after it reaches the wrapper's parameters by name
+    built = {**{name: getattr(module, attr).detach().clone() for name, module, attr in slots},
+             **{f"buffer:{name}": b.detach().clone() for name, b in model.named_buffers()}}
     if spec.freeze_timing in ("before", "unfreeze_after"):
         freeze(model, spec)
     wrapped = wrap_fn(model, spec)
@@ -80,7 +87,18 @@ def prepare(spec: CaseSpec, wrap_fn: Callable) -> Wrapped:
             unfreeze_all(wrapped.layers)
     elif spec.freeze_timing != "before":
         freeze_slots(slots, spec)
-    return wrapped
+    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model))
+
+
+def held_tensors(slots: list[Slot], model: nn.Module):
+    """(name, what, tensor) for what the wrapper holds now: each parameter by its pre-wrap name (a sharded
+    wrapper's shard or gathered copy), its .grad, and the model's buffers."""
+    for name, module, attr in slots:
+        param = getattr(module, attr)
+        yield name, "values", param
+        yield name, "grad", param.grad
+    for name, b in model.named_buffers():
+        yield f"buffer:{name}", "values", b
 
 
 def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:
@@ -117,11 +135,11 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     if spec.replays != 1:
         raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
     fresh_case(spec)
-    wrapped = prepare(spec, case.wrap or wrap)
+    wrapped, attribution = prepare(spec, case.wrap or wrap)
     inputs = make_inputs(spec)
     x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)
     cotangent = shard(inputs.grad_output, rank, world_size) * wrapped.grad_divisor
-    counter = CollectiveCounter()
+    counter = CollectiveCounter(attribute=attribution)
     timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
     observe = wrapped.gathered_bytes is not None
     probes = rank_probes(wrapped, spec)
@@ -140,6 +158,7 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         counter.phase = "backward"
         set_phase(probes, "backward", 1)
         out.backward(cotangent)
+        counter.phase = "step"  # whatever runs after backward returns (none of this lane's wrappers steps)
         if observe:
             timeline.mark("backward_end", -1)
         set_phase(probes, "idle")

@@ -1,9 +1,10 @@
 """Observers used inside a rank: a collective counter and an unshard/reshard timeline.
 
 The counter patches torch.distributed's collective functions for the duration of a case (the wrappers look
-them up on the module at call time) and records each outermost call's kind, bytes and phase. The timeline
-snapshots how many bytes of gathered parameter storage every layer holds each time a layer boundary's
-gradient is done -- a measurement of storage, not a count of hook calls.
+them up on the module at call time, DDP its buffer broadcast `_broadcast_coalesced` too) and records each outermost
+call's kind, bytes, phase and what its payload carries (distributed.carried, run with the probes' dispatch mode
+off, so the probes never see its work). The timeline snapshots how many bytes of gathered parameter storage every
+layer holds each time a layer boundary's gradient is done -- a measurement of storage, not a count of hook calls.
 """
 from __future__ import annotations
 
@@ -14,21 +15,33 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import _disable_current_modes
 
-# Function name -> (kind, position and keyword of the argument holding the full-volume tensor(s)).
-COLLECTIVES: dict[str, tuple[str, int, str]] = {
-    "all_reduce": ("all_reduce", 0, "tensor"),
-    "reduce_scatter": ("reduce_scatter", 1, "input_list"),
-    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
-    "_reduce_scatter_base": ("reduce_scatter", 1, "input"),
-    "all_gather": ("all_gather", 0, "tensor_list"),
-    "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
-    "all_gather_single": ("all_gather", 0, "output_tensor"),
-    "_all_gather_base": ("all_gather", 0, "output_tensor"),
-    "broadcast": ("broadcast", 0, "tensor"),
+from te_verify.checks.collectives import Carried, Collective
+from te_verify.distributed.carried import collective_tensors
+
+# An argument: its position and keyword.
+Arg = tuple[int, str]
+# Function name -> (kind, the argument holding the full-volume tensor(s), the argument holding what this rank
+# contributes: the input of a gather or reduction, the tensor(s) a broadcast sends).
+COLLECTIVES: dict[str, tuple[str, Arg, Arg]] = {
+    "all_reduce": ("all_reduce", (0, "tensor"), (0, "tensor")),
+    "reduce_scatter": ("reduce_scatter", (1, "input_list"), (1, "input_list")),
+    "reduce_scatter_tensor": ("reduce_scatter", (1, "input"), (1, "input")),
+    "reduce_scatter_single": ("reduce_scatter", (1, "input"), (1, "input")),
+    "_reduce_scatter_base": ("reduce_scatter", (1, "input"), (1, "input")),
+    "all_gather": ("all_gather", (0, "tensor_list"), (1, "tensor")),
+    "all_gather_into_tensor": ("all_gather", (0, "output_tensor"), (1, "input_tensor")),
+    "all_gather_single": ("all_gather", (0, "output_tensor"), (1, "input_tensor")),
+    "_all_gather_base": ("all_gather", (0, "output_tensor"), (1, "input_tensor")),
+    "broadcast": ("broadcast", (0, "tensor"), (0, "tensor")),
+    "_broadcast_coalesced": ("broadcast", (1, "tensors"), (1, "tensors")),
 }
-GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
+
+
+def argument(args: tuple, kwargs: dict, arg: Arg):
+    index, keyword = arg
+    return args[index] if len(args) > index else kwargs.get(keyword)
 
 
 def tensor_bytes(obj) -> int:
@@ -41,23 +54,37 @@ def tensor_bytes(obj) -> int:
 
 @dataclass
 class CollectiveCounter:
-    """Counts collectives by kind, bytes and phase while active."""
+    """Records collectives by kind, bytes, phase and what they carry while active."""
 
-    # Current phase label ("forward" / "backward"), set by the case runner.
+    # Current phase label ("forward" / "backward" / "step"), set by the case runner; "backward" reads as
+    # "backward_end" where no autograd node runs (an end-of-backward callback).
     phase: str = "setup"
-    # One (kind, bytes, phase) per outermost collective call.
-    calls: list[tuple[str, int, str]] = field(default_factory=list)
+    # Names what a payload carries (distributed.carried.Attribution); None records nothing carried.
+    attribute: Callable[[list[torch.Tensor]], tuple[Carried, ...]] | None = None
+    # One record per outermost collective call.
+    calls: list[Collective] = field(default_factory=list)
     # Nesting depth per thread, so a collective implemented by another is counted once.
     _depth: threading.local = field(default_factory=threading.local, repr=False)
 
+    def current_phase(self) -> str:
+        if self.phase == "backward" and torch._C._current_autograd_node() is None:
+            return "backward_end"
+        return self.phase
+
+    def _record(self, kind: str, volume, payload) -> None:
+        carries = ()
+        if self.attribute is not None:
+            with _disable_current_modes():  # the probes' dispatch mode: this work is not the run's
+                carries = self.attribute(collective_tensors(payload))
+        self.calls.append(Collective(kind, tensor_bytes(volume), self.current_phase(), carries))
+
     def _wrap(self, name: str, fn: Callable) -> Callable:
-        kind, arg_index, keyword = COLLECTIVES[name]
+        kind, volume_arg, payload_arg = COLLECTIVES[name]
 
         def counted(*args, **kwargs):
             depth = getattr(self._depth, "n", 0)
             if depth == 0:
-                volume = args[arg_index] if len(args) > arg_index else kwargs.get(keyword)
-                self.calls.append((kind, tensor_bytes(volume), self.phase))
+                self._record(kind, argument(args, kwargs, volume_arg), argument(args, kwargs, payload_arg))
             self._depth.n = depth + 1
             try:
                 return fn(*args, **kwargs)
@@ -76,15 +103,6 @@ class CollectiveCounter:
         finally:
             for name, fn in originals.items():
                 setattr(dist, name, fn)
-
-    def summary(self) -> dict[str, dict[str, int]]:
-        """{"<kind>@<phase>": {"calls": n, "bytes": b}}."""
-        out: dict[str, dict[str, int]] = {}
-        for kind, nbytes, phase in self.calls:
-            entry = out.setdefault(f"{kind}@{phase}", {"calls": 0, "bytes": 0})
-            entry["calls"] += 1
-            entry["bytes"] += nbytes
-        return out
 
 
 @dataclass

@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Callable
 
 from te_verify.backends.eager import EagerBackend
-from te_verify.checks.collectives import ParamInfo, gradient_volume
+from te_verify.checks.collectives import ParamInfo, frozen_collectives, gradient_volume
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
@@ -51,14 +51,16 @@ def param_infos(spec: CaseSpec) -> list[ParamInfo]:
     """Every parameter with its trainability at backward: a stack's from its masks, a model family's from the
     family's freezing rule (by qualified name: LoRA's base weights frozen, adapters and norms trainable)."""
     if spec.model is not None:
-        return [ParamInfo(name, tuple(p.shape), p.element_size(), p.requires_grad)
-                for name, p in frozen_at_backward(spec, CPU).named_parameters()]
+        model = frozen_at_backward(spec, CPU)
+        unit_of = {id(p): u for u, unit in enumerate(units_of(model, spec)) for p in unit.parameters()}
+        return [ParamInfo(name, tuple(p.shape), p.element_size(), p.requires_grad, unit_of.get(id(p)))
+                for name, p in model.named_parameters()]
     weights, biases = trainable_masks(spec)
     out = []
     for k, layer in enumerate(build_model(spec)):
         for name, p in layer.named_parameters(recurse=False):
             trainable = weights[k] if name == "weight" else biases[k]
-            out.append(ParamInfo(f"{k}.{name}", tuple(p.shape), p.element_size(), trainable))
+            out.append(ParamInfo(f"{k}.{name}", tuple(p.shape), p.element_size(), trainable, k))
     return out
 
 
@@ -190,8 +192,8 @@ def rank_peaks(result: PoolResult) -> dict:
 
 def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     """Parity of gradients, outputs and parameters left behind on every rank; every rank's GEMMs, FLOPs and
-    saved bytes against its shard's oracle; communication, reshard timing and gathered peak from rank 0's
-    observations."""
+    saved bytes against its shard's oracle; every rank's collectives of frozen parameters; gradient volume, reshard
+    timing and gathered peak from rank 0's observations."""
     backend, ref, ranks = spec.dist.wrapper, run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
     tol = dist_tolerance(spec, ref)
     verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol), dist_output_parity(spec.id, backend, ref, ranks, tol),
@@ -202,9 +204,12 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     verdicts += rank_waste(spec, ranks)
     params = param_infos(spec)
     layers = layer_infos(spec, params)
+    regathers = reshards_after_forward(spec)
     verdicts.append(gradient_volume(spec.id, backend, outcome.collectives, params, spec.dist.world_size))
+    verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
+                                       params, layers, shards(spec), regathers))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
-    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, reshards_after_forward(spec)))
+    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers))
     return verdicts
 
 

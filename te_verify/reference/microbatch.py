@@ -51,8 +51,9 @@ def _main_grads(weights: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tenso
     return {n: p.main_grad.detach().clone() for n, p in weights.items() if hasattr(p, "main_grad")}
 
 
-def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
-    """Run the microbatches (seeds spec.seed + 1000*k for inputs); grads snapshot after each one."""
+def run_microbatches(spec: CaseSpec, backend, probes=(), dtype: torch.dtype | None = None) -> Record:
+    """Run the microbatches (seeds spec.seed + 1000*k for inputs); grads snapshot after each one. `dtype` casts each
+    input and cotangent (an fp64 truth)."""
     record = Record(backend=backend.name)
     prepared = build_prepared(spec, backend, record)
     if prepared is None:
@@ -66,7 +67,7 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
         probe.__enter__()
     try:
         for k in range(spec.te.microbatches):
-            inputs = make_inputs(spec.replace(seed=spec.seed + 1000 * k))
+            inputs = _cast(make_inputs(spec.replace(seed=spec.seed + 1000 * k)), dtype)
             record.inputs_before.update(input_states(inputs, f" of microbatch {k + 1}"))
             for probe in probes:
                 probe.phase("backward", k + 1)
@@ -97,13 +98,18 @@ def run_microbatches(spec: CaseSpec, backend, probes=()) -> Record:
     return record
 
 
+def _cast(inputs: CaseInputs, dtype: torch.dtype | None) -> CaseInputs:
+    """The input and cotangent in `dtype` (None: as made); the input keeps whether it needs a gradient."""
+    if dtype is None:
+        return inputs
+    x = inputs.x
+    x = x.detach().to(dtype).requires_grad_(x.requires_grad) if x.is_floating_point() else x
+    return CaseInputs(x, inputs.grad_output.to(dtype))
+
+
 def run_mean_reduced(spec: CaseSpec, backend, probes=(), dtype: torch.dtype | None = None) -> Record:
     """run_case with the cotangent of a mean-reduced loss (grad_output / rows), so gradients are O(1) as in
     training and comparable with FP8's absolute tolerance; `dtype` casts the input and cotangent (an fp64 truth)."""
     inputs = make_inputs(spec)
     rows = math.prod(spec.batch_shape)
-    x, grad_output = inputs.x, inputs.grad_output / rows
-    if dtype is not None:
-        x = x.detach().to(dtype).requires_grad_(x.requires_grad) if x.is_floating_point() else x
-        grad_output = grad_output.to(dtype)
-    return run_case(spec, backend, probes, inputs=CaseInputs(x, grad_output))
+    return run_case(spec, backend, probes, inputs=_cast(CaseInputs(inputs.x, inputs.grad_output / rows), dtype))
