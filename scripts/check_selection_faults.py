@@ -2,8 +2,9 @@
 
 Runs each planted torch-lane backend of tests/ (a wrong gradient, a gradient kept for a frozen weight, a dropped
 gradient, a diverging or raising replay, a wrong output, a written frozen bias, wasted GEMMs and saves, LoRA
-faults) over every pr candidate of the families it applies to, and over the pr tier te_verify.selection chooses for
-it, and prints how many cases each fails: a fault caught by the candidates must be caught by the choice.
+faults, a library model's LoRA base computing its frozen wgrad) over every pr candidate of the families it applies
+to, and over the pr tier te_verify.selection chooses for it, and prints how many cases each fails: a fault caught
+by the candidates must be caught by the choice.
 
     PYTHONPATH=tests .venv/bin/python scripts/check_selection_faults.py
 """
@@ -14,11 +15,12 @@ import sys
 from planted_backends import (DropsGrad, GradForFrozen, OffByOnePercent, RaisesOnReplay, ReplayDiverges,
                               WritesFrozenBias, WrongOutput)
 from planted_lora import PlantedLoRA
+from planted_real_models import DiscardedBaseWgrad
 from waste_planted import PlantedBackend
 
 from te_verify.caserun import CaseRun
 from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import lora_specs, stage_specs
+from te_verify.matrix_models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
 from te_verify.selection import select_pr
 
 STACKS = {name: gen for name, gen in FAMILIES.items()}
@@ -28,6 +30,7 @@ PLANTED = [(b, STACKS) for b in (OffByOnePercent(), GradForFrozen(), DropsGrad()
                                  PlantedBackend("weight_copy"), PlantedBackend("extra_activation"),
                                  PlantedBackend("big_temporary"))]
 PLANTED += [(PlantedLoRA(fault), MODELS) for fault in ("discarded_wgrad", "save_twice", "drop_b")]
+PLANTED += [(DiscardedBaseWgrad(), {"hf_peft": hf_peft_specs, "litgpt_lora": litgpt_lora_specs})]
 
 
 def failures(backend, families: dict, chosen: bool) -> int:

@@ -23,7 +23,7 @@ from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_family import te_sites
 from te_verify.checks.te_waste import te_waste
-from te_verify.checks.tolerances import tolerance_for
+from te_verify.checks.tolerances import TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
 from te_verify.record import Record
@@ -86,6 +86,20 @@ class _Fp64TEBackend(TEEagerBackend):
         return super().prepare(model.double(), spec)
 
 
+class _Fp64EagerBackend(EagerBackend):
+    """Eager on the model cast to fp64: a high-precision TE case's truth."""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        return super().prepare(model.double(), spec)
+
+
+def high_precision_bound(spec: CaseSpec) -> TruthBound:
+    """What a high-precision TE stack case's outputs and gradients are held to, as the torch lane's
+    (checks.tolerances.truth_bound): their normwise distance from the case's fp64 truth (eager on the same weights,
+    input and cotangent in fp64) within TRUTH_FACTOR of eager's, never under the floor."""
+    return truth_bound(spec, run_mean_reduced(spec, _Fp64EagerBackend(), dtype=torch.float64))
+
+
 def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced) -> Record:
     """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
     quantized at the same places by the same rules. FP8 gradients are bounded by their distance from it
@@ -144,9 +158,10 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     ref = run_mean_reduced(spec, EagerBackend())
     tol = tolerance_for(spec, name)
     outputs_ref = output_reference(spec, backend=case.backend)
+    bound = high_precision_bound(spec) if spec.te.recipe is None else None
     grads = (fp8_grad_parity(case, got, outputs_ref, ref) if spec.te.recipe is not None
-             else grad_parity(spec.id, name, ref, got, tol))
-    return case.require([output_parity(spec.id, name, outputs_ref, got, tol),
+             else grad_parity(spec.id, name, ref, got, tol, bound=bound))
+    return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
                          ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
                          grads,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from planted_accumulation import OtherAccumulation
 from planted_backends import OffByOnePercent
 from test_plugin import run_pytest
 
 from te_verify.caserun import CaseRun
+from te_verify.checks.parity import truth_problem
+from te_verify.checks.tolerances import truth_bound
 from te_verify.checks.verdict import CheckFailures
 from te_verify.matrix import FAMILIES
 
@@ -36,3 +39,19 @@ def test_another_accumulation_order_passes_the_torch_lane_pr_tier(tmp_path):
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert sum(r["outcome"] == "passed" for r in rows if r["backend"] == "other_accumulation") >= 100
+
+
+def _one_element(rel_err: float) -> torch.Tensor:
+    return torch.tensor([1.0 + rel_err], dtype=torch.float64)  # exact: the errors are the measured ones
+
+
+@pytest.mark.parametrize("backend_err, passes", [(2.4 * 2.0 ** -24, True), (0.01, False)])
+def test_the_fp32_floor_takes_a_chain_of_roundings(backend_err, passes):
+    """The nightly width-1 stack: eager's gradient 0.68 u from the truth, inductor's fused chain 2.4 u; a correct
+    reassociation within the floor passes, a 1% error still fails."""
+    spec = SPECS["lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in8-fp32-r1"]
+    truth = torch.tensor([1.0], dtype=torch.float64)
+    bound = truth_bound(spec, None)
+    problem = truth_problem("grad of 0.weight", _one_element(0.68 * 2.0 ** -24), _one_element(backend_err), truth,
+                            bound)
+    assert (problem is None) == passes, problem
