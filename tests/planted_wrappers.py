@@ -165,3 +165,53 @@ def ddp_all_reducing_frozen_copies(model, spec) -> Wrapped:
         return out
 
     return _with_forward(wrapped, forward)
+
+
+def ddp_keeping_every_output(model, spec) -> Wrapped:
+    """DDP that keeps a detached copy of every step's output (a debugging cache left on): memory grows each step."""
+    wrapped = wrap_ddp(model, spec)
+    inner, kept = wrapped.module, []
+
+    def forward(x):
+        out = inner(x)
+        kept.append(out.detach().clone())
+        return out
+
+    return _with_forward(wrapped, forward)
+
+
+def ddp_writing_its_input(model, spec) -> Wrapped:
+    """DDP that halves the caller's input shard in place once backward is done (a buffer it thought its own):
+    gradients and outputs exact, the caller's tensor changed."""
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+
+    def forward(x):
+        out = inner(x)
+
+        def halve() -> None:
+            x.data.div_(2)
+
+        out.register_hook(lambda g: torch.autograd.Variable._execution_engine.queue_callback(halve) and None)
+        return out
+
+    return _with_forward(wrapped, forward)
+
+
+def ddp_unfreezing_after_backward(model, spec) -> Wrapped:
+    """DDP that sets requires_grad on every parameter once backward is done (a finalize hook that 'restores' a
+    state it never saved): frozen parameters leave the step trainable."""
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+
+    def forward(x):
+        out = inner(x)
+
+        def unfreeze() -> None:
+            for p in model.parameters():
+                p.requires_grad_(True)
+
+        out.register_hook(lambda g: torch.autograd.Variable._execution_engine.queue_callback(unfreeze) and None)
+        return out
+
+    return _with_forward(wrapped, forward)

@@ -13,7 +13,8 @@ from te_verify.distributed.verify import verify_dist
 from te_verify.matrix_dist import MIDDLE, _spec
 from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_params, ddp_extra_gemm,
                               ddp_skipping_first_weight, ddp_wrong_output, ddp_writing_frozen_weight,
-                              defer_reshard_fsdp2)
+                              ddp_keeping_every_output, ddp_unfreezing_after_backward,
+                              ddp_writing_its_input, defer_reshard_fsdp2)
 
 HANG_TIMEOUT_S = 3.0
 
@@ -145,6 +146,33 @@ def test_planted_reduction_of_frozen_value_copies_is_named_by_content(pool):
     message = verdicts["frozen_collectives"].message
     assert "all_reduce in backward_end carried the values of frozen 1.weight (4,096 B)" in message, message
     assert "frozen 1.bias (128 B)" in message
+
+
+def test_planted_cache_growing_every_step_fails_memory_retained_naming_rank_and_holder(pool):
+    verdicts = _planted_ddp(pool, ddp_keeping_every_output)
+    failed = {name for name, v in verdicts.items() if not v.ok}
+    assert failed == {"memory_retained"}, failed
+    message = verdicts["memory_retained"].message
+    for rank in (0, 1):  # each rank's shard of the output: 4 rows x 32 fp32
+        assert f"backend ddp[rank {rank}]: a training step after the measured one retained 512 B" in message, message
+    assert "held by the wrapper (closure kept)[3]" in message, message
+
+
+def test_planted_write_into_the_input_shard_fails_inputs_left_only(pool):
+    verdicts = _planted_ddp(pool, ddp_writing_its_input)
+    failed = {name for name, v in verdicts.items() if not v.ok}
+    assert failed == {"inputs_left"}, failed
+    message = verdicts["inputs_left"].message
+    assert "backend ddp[rank 1]" in message and "input x: written by the run (128 of 128 elements changed" in message
+
+
+def test_planted_unfreezing_after_backward_fails_requires_grad_left_naming_parameters(pool):
+    verdicts = _planted_ddp(pool, ddp_unfreezing_after_backward)
+    assert not verdicts["requires_grad_left"].ok
+    message = verdicts["requires_grad_left"].message
+    assert "backend ddp[rank 0]" in message and "parameter 1.weight: requires_grad True after the run, expected False" \
+        in message, message
+    assert "0.weight" not in message  # trainable ones are unchanged
 
 
 def test_clean_ddp_passes_every_rank_check_with_figures(pool):

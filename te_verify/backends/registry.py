@@ -7,13 +7,13 @@ cases, and a run naming none of them runs no distributed case.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.thunder import ThunderBackend
 from te_verify.backends.torch_compile import TorchCompileBackend
+from te_verify.objects import ObjectPathError, load_path
 
 
 class BackendError(ValueError):
@@ -57,14 +57,12 @@ TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
 
 def load_external(path: str) -> Backend:
     """`package.module:attr`, where attr is a backend class (instantiated without arguments) or instance."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
+    if ":" not in path:
         raise BackendError(f"--backend {path!r}: expected a built-in name ({', '.join(BUILTINS)}) or package.module:attr")
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise BackendError(f"--backend {path!r}: cannot load it: {type(exc).__name__}: {exc}") from exc
-    backend = obj() if isinstance(obj, type) else obj
+        backend = load_path(path)
+    except ObjectPathError as exc:
+        raise BackendError(f"--backend {path!r}: {exc}") from None
     missing = [a for a in ("name", "available", "prepare") if not hasattr(backend, a)]
     if missing:
         raise BackendError(f"--backend {path!r}: not a backend, it lacks {', '.join(missing)}")

@@ -103,11 +103,11 @@ def memory_retained(case_id: str, backend: str, got: Record) -> Verdict:
     if not seen["bytes"]:
         return Verdict("memory_retained", True, figures=figures)
     where = (f"held by {', '.join(seen['holders'])}" if seen["holders"] else
-             "held outside the model and the backend's callable (a process-wide cache?)"
+             "held outside the model and the callable under test (a process-wide cache?)"
              if seen["source"] == "cpu_storage_tracker" else "holders not traced on the CUDA allocator")
-    return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step retained "
-                                             f"{seen['bytes']:,} B beyond the gradients ({seen['source']}), {where}",
-                   figures)
+    return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a training step after the measured one "
+                                             f"retained {seen['bytes']:,} B beyond the gradients ({seen['source']}), "
+                                             f"{where}", figures)
 
 
 def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, second_step: bool = True) -> list[Verdict]:

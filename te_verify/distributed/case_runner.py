@@ -4,7 +4,8 @@ Every rank builds the identical seeded model, freezes it as the spec says (befor
 wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
 scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
 batch. Collectives are recorded (by phase, and by what they carry: distributed.carried) and the gathered-parameter
-timeline while forward and backward run.
+timeline while forward and backward run. Then every rank takes three more plain steps; the net growth of live
+memory over the last is the rank's memory_retained (probes.retention).
 Everything is made on the rank's device (te_verify.device, set by the pool or the torchrun entry); the outcome
 travels back as host copies.
 """
@@ -24,11 +25,13 @@ from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_b
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
 from te_verify.graph_sites import linear_weights
 from te_verify.isolation import fresh_case
-from te_verify.models import FAMILIES, build_model, freeze, make_inputs, set_frozen, unfreeze_all
+from te_verify.models import FAMILIES, CaseInputs, build_model, freeze, make_inputs, set_frozen, unfreeze_all
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
+from te_verify.probes.retention import Retention
 from te_verify.probes.saved import SavedTensorsProbe
-from te_verify.runner import set_phase
+from te_verify.record import TensorState
+from te_verify.runner import input_states, set_phase
 from te_verify.spec import CaseSpec
 
 
@@ -67,11 +70,16 @@ class RankOutcome:
     # This rank's waste probes (GEMMs, saved tensors, peak memory) over its shard: figures and observations.
     figures: dict = field(default_factory=dict)
     observations: dict = field(default_factory=dict)
+    # Every parameter's requires_grad after the run, by its qualified name before wrapping.
+    requires_grad_after: dict[str, bool] = field(default_factory=dict)
+    # The rank's input shard and cotangent (the caller's tensors) before and after the run.
+    inputs_before: dict[str, TensorState] = field(default_factory=dict)
+    inputs_after: dict[str, TensorState] = field(default_factory=dict)
 
 
-def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution]:
-    """Build, freeze before or after wrapping as the spec says, wrap; and how to name what a collective carries
-    (the parameters' and buffers' values as built, the tensors the wrapper holds at each call)."""
+def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
+    """Build, freeze before or after wrapping as the spec says, wrap; how to name what a collective carries (the
+    parameters' and buffers' values as built, the tensors the wrapper holds at each call); the parameters' slots."""
     model = build_model(spec)
     slots = param_slots(model)  # taken before wrapping: freezing after it reaches the wrapper's parameters by name
     built = {**{name: getattr(module, attr).detach().clone() for name, module, attr in slots},
@@ -87,7 +95,7 @@ def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution]:
             unfreeze_all(wrapped.layers)
     elif spec.freeze_timing != "before":
         freeze_slots(slots, spec)
-    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model))
+    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model)), slots
 
 
 def held_tensors(slots: list[Slot], model: nn.Module):
@@ -135,14 +143,31 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     if spec.replays != 1:
         raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
     fresh_case(spec)
-    wrapped, attribution = prepare(spec, case.wrap or wrap)
+    wrapped, attribution, slots = prepare(spec, case.wrap or wrap)
     inputs = make_inputs(spec)
     x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)
     cotangent = shard(inputs.grad_output, rank, world_size) * wrapped.grad_divisor
+    before = input_states(CaseInputs(x, cotangent))
     counter = CollectiveCounter(attribute=attribution)
     timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
     observe = wrapped.gathered_bytes is not None
     probes = rank_probes(wrapped, spec)
+    with Retention(True) as retention:  # entered first: on CPU it tracks from the measured step on
+        outcome = _measured_step(rank, spec, wrapped, x, cotangent, counter, timeline, probes, observe)
+        outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
+        outcome.inputs_before, outcome.inputs_after = before, input_states(CaseInputs(x, cotangent))
+        # Every rank takes the steps (their collectives pair up), after the measured step's observations. The judged
+        # one is the fourth: DDP rebuilds its buckets once, in the order gradients became ready, at the start of the
+        # second iteration's forward, or of the third with static_graph=True (its first iteration all-reduces late);
+        # a one-time allocation (torch.nn.parallel.DistributedDataParallel._rebuild_buckets), measured here.
+        outcome.observations["retained"] = retention.second_step(wrapped.module, wrapped.model,
+                                                                 CaseInputs(x, cotangent), "the wrapper", unjudged=2)
+    return outcome
+
+
+def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
+                   counter: CollectiveCounter, timeline: Timeline, probes: list, observe: bool) -> RankOutcome:
+    """Forward and backward under the collective counter, the timeline and the probes; what the rank observed."""
     with counter.patched(), contextlib.ExitStack() as probing:
         for probe in probes:
             probing.enter_context(probe)

@@ -17,7 +17,6 @@ again by its path.
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch import nn
 
 from te_verify import spec as spec_module
 from te_verify.matrix import dedupe
+from te_verify.objects import ObjectPathError, load_path
 from te_verify.spec import CaseSpec, DistConfig
 
 # Declared wrappers loaded in this process, by name (the checks read their traits by the case's wrapper name).
@@ -38,14 +38,10 @@ class DeclarationError(ValueError):
 @functools.lru_cache(maxsize=None)
 def load_object(path: str) -> Any:
     """The object at `package.module:attr`, instantiated if it is a class (once per process)."""
-    module, _, attr = path.partition(":")
-    if not module or not attr:
-        raise DeclarationError(f"{path!r}: expected package.module:attr")
     try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise DeclarationError(f"{path!r}: cannot load it: {type(exc).__name__}: {exc}") from None
-    return obj() if isinstance(obj, type) else obj
+        return load_path(path)
+    except ObjectPathError as exc:
+        raise DeclarationError(f"{path!r}: {exc}") from None
 
 
 def is_declaration(obj: Any) -> bool:

@@ -9,6 +9,7 @@ from te_verify.checks.collectives import ParamInfo, frozen_collectives, gradient
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
+from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
 from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
 from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
@@ -94,6 +95,8 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
             record.state_after = {**{f"param:{name}": value for name, value in outcome.params.items()},
                                   **{f"buffer:{name}": value for name, value in outcome.buffers.items()}}
             record.figures, record.observations = outcome.figures, outcome.observations
+            record.requires_grad_after = outcome.requires_grad_after
+            record.inputs_before, record.inputs_after = outcome.inputs_before, outcome.inputs_after
         records.append(record)
     return records
 
@@ -192,8 +195,10 @@ def rank_peaks(result: PoolResult) -> dict:
 
 def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     """Parity of gradients, outputs and parameters left behind on every rank; every rank's GEMMs, FLOPs and
-    saved bytes against its shard's oracle; every rank's collectives of frozen parameters; gradient volume, reshard
-    timing and gathered peak from rank 0's observations."""
+    saved bytes against its shard's oracle, and what its step left besides values (checks.leftovers: metadata of
+    outputs and gradients, requires_grad, its input shard and cotangent, memory a later step retains); every rank's
+    collectives of frozen parameters; gradient volume, reshard timing and gathered peak from rank 0's
+    observations."""
     backend, ref, ranks = spec.dist.wrapper, run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
     tol = dist_tolerance(spec, ref)
     verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol), dist_output_parity(spec.id, backend, ref, ranks, tol),
@@ -202,6 +207,12 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     if outcome is None or result.errors:
         return verdicts
     verdicts += rank_waste(spec, ranks)
+    verdicts += [merge_ranks(name, [check(r) for r in ranks]) for name, check in (
+        ("output_meta", lambda r: output_meta(spec.id, r.backend, ref, r)),
+        ("grad_meta", lambda r: grad_meta(spec.id, r.backend, ref, r)),
+        ("requires_grad_left", lambda r: requires_grad_left(spec.id, r.backend, ref, r)),
+        ("inputs_left", lambda r: inputs_left(spec.id, r.backend, r)),
+        ("memory_retained", lambda r: memory_retained(spec.id, r.backend, r)))]
     params = param_infos(spec)
     layers = layer_infos(spec, params)
     regathers = reshards_after_forward(spec)

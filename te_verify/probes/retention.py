@@ -112,16 +112,19 @@ class Retention:
             return torch.cuda.memory_allocated(self.device)
         return self._watcher.current_bytes
 
-    def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs) -> dict[str, Any]:
-        """Run a plain step after the measured one (whose output the caller dropped) and return its net growth:
-        `bytes`, the `holders` (attribute paths from the model and the backend's callable, CPU) of what it made and
-        left alive, `source`; or `error` when the step raised."""
+    def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs,
+                    fn_label: str = "the backend's callable", unjudged: int = 0) -> dict[str, Any]:
+        """Run a plain step after the measured one (whose output the caller dropped), or `unjudged` steps and then
+        that one, and return its net growth: `bytes`, the `holders` (attribute paths from the model and `fn`, named
+        `fn_label`, CPU) of what it made and left alive, `source`; or `error` when a step raised."""
         watcher = self._watcher
         if watcher is not None:
             watcher.set_phase("second step")  # tracked like the run's own work; not "forward": no layer is learned
             watcher.follow_copies = False  # no probe reads copies now
-        before, made = self._live_bytes(), watcher.storages_made if watcher is not None else 0
         try:
+            for _ in range(unjudged):
+                _step(fn, inputs)
+            before, made = self._live_bytes(), watcher.storages_made if watcher is not None else 0
             _step(fn, inputs)
         except Exception as exc:  # a backend that cannot take a second step: the check reports it
             return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
@@ -131,6 +134,6 @@ class Retention:
             grown = self._live_bytes() - before
         named = []
         if grown > 0 and watcher is not None:
-            named = holders({"model": model, "the backend's callable": fn}, {p for p, _ in watcher.live_storages(made)})
+            named = holders({"model": model, fn_label: fn}, {p for p, _ in watcher.live_storages(made)})
         return {"bytes": max(grown, 0), "holders": named,
                 "source": "cuda_allocator" if watcher is None else "cpu_storage_tracker"}
