@@ -22,6 +22,7 @@ is left, to tell a reference cycle awaiting collection from a holder.
 from __future__ import annotations
 
 import gc
+import time
 import types
 from typing import Any, Callable, Iterator
 
@@ -32,6 +33,8 @@ from te_verify.models import CaseInputs
 from te_verify.probes import dispatch
 from te_verify.probes.dispatch import _data_ptr
 
+SETTLE_LOOKS = 4  # gc, then up to three short waits for a communication thread's release
+SETTLE_WAIT_S = 0.02
 HOLDER_DEPTH = 6  # attribute hops searched from the model and the backend's callable to name what holds a storage
 
 
@@ -112,6 +115,21 @@ class Retention:
             return torch.cuda.memory_allocated(self.device)
         return self._watcher.current_bytes
 
+    def _settled_growth(self, before: int) -> int:
+        """Live bytes grown since `before`, once what is about to be freed is: a reference cycle awaiting
+        collection, and a finished collective's tensors that gloo's worker thread still holds for a moment after
+        wait() returned (ProcessGroupGloo drops its in-progress work after marking it complete). Only paid when
+        something is left; a real holder keeps its bytes through every look."""
+        grown = self._live_bytes() - before
+        for look in range(SETTLE_LOOKS):
+            if grown <= 0:
+                break
+            gc.collect()
+            if look:
+                time.sleep(SETTLE_WAIT_S)
+            grown = self._live_bytes() - before
+        return grown
+
     def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs,
                     fn_label: str = "the backend's callable", unjudged: int = 0) -> dict[str, Any]:
         """Run a plain step after the measured one (whose output the caller dropped), or `unjudged` steps and then
@@ -128,10 +146,7 @@ class Retention:
             _step(fn, inputs)
         except Exception as exc:  # a backend that cannot take a second step: the check reports it
             return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
-        grown = self._live_bytes() - before
-        if grown > 0:
-            gc.collect()
-            grown = self._live_bytes() - before
+        grown = self._settled_growth(before)
         named = []
         if grown > 0 and watcher is not None:
             named = holders({"model": model, fn_label: fn}, {p for p, _ in watcher.live_storages(made)})
