@@ -56,3 +56,15 @@ def test_cost_weighs_the_choice():
     dear_pair, _ = choose([s.id for s in specs], specs, [100.0, 1.0, 1.0, 1.0])
     assert 3 in cheap_pair and 0 in dear_pair  # each pair has one case that covers it: those must stay
     assert len(choose([s.id for s in specs[:1]], specs[:1], [1.0])[0]) == 1  # nothing varies: one case stands
+
+
+def test_the_summary_counts_chosen_cases_that_skipped():
+    """A chosen case that skips (a budget skip on thunder) covers none of its pairs: the summary says how many."""
+    from te_verify.report.summary import selection_lines
+
+    kept = {"chosen": 2, "candidates": 4, "pairs": 9, "seconds": 1.0}
+    rows = [{"family": "hf_peft", "backend": "thunder", "selection": kept, "outcome": outcome}
+            for outcome in ("passed", "skipped")]
+    lines = selection_lines(rows)
+    assert "1 of them skipped" in lines[1]
+    assert "| hf_peft | thunder | 2 / 4 | 9 | 1 | 1.0 |" in lines

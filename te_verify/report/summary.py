@@ -71,15 +71,22 @@ def _incomplete_lines(header: dict[str, Any]) -> list[str]:
 
 
 def selection_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """What the pr tier's choice kept per family x backend (te_verify.selection): candidates, chosen, pairs."""
+    """What the pr tier's choice kept per family x backend (te_verify.selection): candidates, chosen, pairs, and how
+    many chosen cases skipped (a skipped case covers none of its pairs: a budget skip is visible here)."""
     kept = {(r.get("family"), r.get("backend")): r["selection"] for r in rows if r.get("selection")}
     if not kept:
         return []
+    skipped = defaultdict(int)
+    for row in rows:
+        if row.get("selection") and row["outcome"] == "skipped":
+            skipped[(row.get("family"), row.get("backend"))] += 1
     chosen, candidates = sum(k["chosen"] for k in kept.values()), sum(k["candidates"] for k in kept.values())
     lines = ["", f"## The pr tier, chosen: {chosen} of {candidates} candidates cover every pair of factor values "
-                 f"of their family x backend ({sum(k['pairs'] for k in kept.values())} pairs)", "",
-             "| family | backend | chosen / candidates | pairs covered | measured s |", "|---|---|---|---|---|"]
-    lines += [f"| {f} | {b} | {k['chosen']} / {k['candidates']} | {k['pairs']} | {k['seconds']} |"
+                 f"of their family x backend ({sum(k['pairs'] for k in kept.values())} pairs), "
+                 f"{sum(skipped.values())} of them skipped", "",
+             "| family | backend | chosen / candidates | pairs covered | skipped | measured s |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {f} | {b} | {k['chosen']} / {k['candidates']} | {k['pairs']} | {skipped[(f, b)]} | {k['seconds']} |"
               for (f, b), k in sorted(kept.items())]
     return lines
 
