@@ -37,7 +37,9 @@ def test_rows_from_every_xdist_worker_reach_results(tmp_path):
     assert header["versions"]["torch"].startswith("2.") and header["tier"] == "smoke"
     assert header["device"].startswith("cpu: ") and header["devices"] == ["cpu"] and header["shard"] is None
     assert any("thunder-named-tensor-stubs" in step for step in header["compat"])
-    assert "| freeze |" in (report / "summary.md").read_text()
+    summary = (report / "summary.md").read_text()
+    assert "| freeze |" in summary
+    assert "TE implementation: transformer_engine_cpu (TE 2.20.2 Python layer; tex emulated on CPU" in summary
 
 
 @pytest.mark.parametrize("option, culprit", [

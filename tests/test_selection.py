@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from te_verify.report.summary import selection_lines
 from te_verify.selection import choose, factors, mask_class, required_pairs, select_pr
 from te_verify.spec import CaseSpec
 
@@ -60,8 +61,6 @@ def test_cost_weighs_the_choice():
 
 def test_the_summary_counts_chosen_cases_that_skipped():
     """A chosen case that skips (a budget skip on thunder) covers none of its pairs: the summary says how many."""
-    from te_verify.report.summary import selection_lines
-
     kept = {"chosen": 2, "candidates": 4, "pairs": 9, "seconds": 1.0}
     rows = [{"family": "hf_peft", "backend": "thunder", "selection": kept, "outcome": outcome}
             for outcome in ("passed", "skipped")]

@@ -19,7 +19,7 @@ import jinja2
 
 from te_verify.report.repro import chosen_te_impl, pytest_command, repro_filename
 from te_verify.report.results import ResultsError, load_results, write_atomic
-from te_verify.report.summary import update_worst_ratios
+from te_verify.report.summary import te_ran, update_worst_ratios
 
 TEMPLATES = Path(__file__).parent / "templates"
 OUTCOMES = ("passed", "failed", "error", "xpassed", "xfailed", "skipped")
@@ -134,7 +134,7 @@ def render_html(results: dict, out_path: Path, diff: dict | None = None) -> Path
     """Write the standalone report page for a results.json payload (and optionally its diff) to out_path."""
     template = _environment().get_template("report.html.j2")
     header = {**HEADER_DEFAULTS, **results.get("header", {})}
-    page = template.render(header=header, diff=diff, **build_matrix(results))
+    page = template.render(header=header, te_ran=te_ran(header), diff=diff, **build_matrix(results))
     write_atomic(Path(out_path), page)
     return Path(out_path)
 

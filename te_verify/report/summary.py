@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from te_verify.report.stream import incomplete_line
@@ -70,16 +70,21 @@ def _incomplete_lines(header: dict[str, Any]) -> list[str]:
     return ["", f"**{line}**; never ran:", *[f"- `{nodeid}`" for nodeid in header["incomplete"]["never_ran"]]]
 
 
+def te_ran(header: dict[str, Any]) -> str:
+    """The TE implementation's name and what of it ran (TE's real Python, an emulation below it)."""
+    impl = header.get("te_impl") or {}
+    name, ran = str(impl.get("name")), impl.get("ran")
+    return name if not ran else ran if ran.startswith(name) else f"{name} ({ran})"
+
+
 def selection_lines(rows: list[dict[str, Any]]) -> list[str]:
     """What the pr tier's choice kept per family x backend (te_verify.selection): candidates, chosen, pairs, and how
     many chosen cases skipped (a skipped case covers none of its pairs: a budget skip is visible here)."""
     kept = {(r.get("family"), r.get("backend")): r["selection"] for r in rows if r.get("selection")}
     if not kept:
         return []
-    skipped = defaultdict(int)
-    for row in rows:
-        if row.get("selection") and row["outcome"] == "skipped":
-            skipped[(row.get("family"), row.get("backend"))] += 1
+    skipped = Counter((r.get("family"), r.get("backend")) for r in rows
+                      if r.get("selection") and r["outcome"] == "skipped")
     chosen, candidates = sum(k["chosen"] for k in kept.values()), sum(k["candidates"] for k in kept.values())
     lines = ["", f"## The pr tier, chosen: {chosen} of {candidates} candidates cover every pair of factor values "
                  f"of their family x backend ({sum(k['pairs'] for k in kept.values())} pairs), "
@@ -107,7 +112,7 @@ def render_summary(results: dict[str, Any]) -> str:
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in header.get("versions", {}).items()),
         f"Device: {header.get('device')} (rows on {', '.join(header.get('devices') or ['?'])}); "
-        f"TE implementation: {header.get('te_impl', {}).get('name')}",
+        f"TE implementation: {te_ran(header)}",
         *([f"Shard {header['shard']}"] if header.get("shard") else []),
         *([f"Merged from shards {', '.join(header['shards'])}"] if header.get("shards") else []),
         "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
