@@ -20,4 +20,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 # client a transfer agent, litgpt lightning's whole stack); the pure-Python packages their imports need, pinned.
 .venv/bin/pip install --quiet --no-deps -c constraints.txt transformers peft accelerate tokenizers regex \
   huggingface_hub httpx2 httpcore2 h11 idna truststore safetensors tqdm psutil litgpt lightning torchmetrics
+# The training engines of the distributed lane: DeepSpeed without its CUDA ops (its sdist builds a py3 wheel),
+# Megatron-FSDP, and megatron-core 0.16.1 (the newest on Python 3.11) without its declared deps (numpy, packaging).
+DS_BUILD_OPS=0 .venv/bin/pip install --quiet -c constraints.txt deepspeed megatron-fsdp
+.venv/bin/pip install --quiet --no-deps -c constraints.txt megatron-core
 echo "$want" > "$stamp"

@@ -12,7 +12,10 @@ torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a v
 - TE's process-global FP8 state (autocast depth, recipe, the global amax and scale buffers modules register into),
   reset as TE's own tests do between tests (`FP8GlobalStateManager.reset()`);
 - the global RNG: seeded from the case, so anything drawing from it (a library's init, dropout) draws the same
-  numbers in any order (the models draw their values from their own seeded generators).
+  numbers in any order (the models draw their values from their own seeded generators);
+- torch.nn.functional as torch ships it: DeepSpeed's ZeRO-3 replaces `F.linear` for the whole process with its
+  memory-efficient linear and leaves it so (it saves a frozen layer's input: a later megatron_ddp case read it as
+  its own waste).
 """
 from __future__ import annotations
 
@@ -30,6 +33,16 @@ from te_verify.spec import CaseSpec
 # each exposing TE's FP8GlobalStateManager.reset(). Only modules already imported are reset: isolation never loads TE.
 FP8_STATE_MODULES = ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8",
                      "te_verify.reference.autocast")
+
+
+# torch.nn.functional's functions as imported, before any library could replace one (this module loads with the lanes).
+FUNCTIONAL = {name: fn for name, fn in vars(torch.nn.functional).items() if callable(fn) and not name.startswith("_")}
+
+
+def torch_functional() -> None:
+    for name, fn in FUNCTIONAL.items():
+        if getattr(torch.nn.functional, name) is not fn:
+            setattr(torch.nn.functional, name, fn)
 
 
 def no_compile_caches() -> None:
@@ -54,4 +67,5 @@ def fresh_case(spec: CaseSpec) -> None:
     torch._dynamo.reset()
     counters.clear()  # reset() keeps them
     reset_fp8_state()
+    torch_functional()
     torch.manual_seed(spec.seed)

@@ -29,6 +29,7 @@ from te_verify.report.results import outcome_of, reason_of
 from te_verify.report.stream import RowStream, crash_row
 from te_verify.report.writer import write_report
 from te_verify.resume import ResumeError, done_nodeids, load_previous
+from te_verify.distributed.engines import engine
 from te_verify.selection import select_pr
 from te_verify.shard import ShardError, selected_shard
 
@@ -194,6 +195,9 @@ def case(request: pytest.FixtureRequest) -> CaseRun:
         ok, reason = run.backend.available()
         if not ok:
             pytest.skip(f"backend {run.backend_name} unavailable: {reason}")
+    trainer = engine(run.backend_name) if run.backend is None else None
+    if trainer is not None and trainer.unavailable():
+        pytest.skip(f"engine {run.backend_name} unavailable: {trainer.unavailable()}")
     return run
 
 

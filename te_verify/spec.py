@@ -15,7 +15,10 @@ FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current")
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
-WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+# Wrappers that compute gradients (one forward and backward per case), then training engines (distributed.engines: one
+# file each; their cases take optimizer steps).
+WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp",
+            "megatron_ddp", "megatron_fsdp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")
 # Names of users' wrappers declared in this process (te_verify.distributed.declare registers them).
 USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP

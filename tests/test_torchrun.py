@@ -133,3 +133,14 @@ def test_bad_wrap_or_expectations_is_a_one_line_error(tmp_path):
     proc, _ = run_one_node(tmp_path, "--wrap", "no_such_module:wrap")
     assert proc.returncode != 0 and "--wrap 'no_such_module:wrap': cannot load it" in proc.stderr
     assert "Traceback" not in proc.stderr.split("--wrap")[0][-200:]
+
+
+def test_a_training_engine_with_te_runs_under_torchrun_and_the_header_lists_its_steps(tmp_path):
+    proc, rows = run_one_node(tmp_path, "--family", "dist_te_megatron")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine_rows = [r for r in rows if r["backend"] == "megatron_ddp"]
+    assert engine_rows and all(r["outcome"] == "passed" for r in engine_rows), engine_rows
+    assert "params_after_steps" in engine_rows[0]["checks"]
+    header = json.loads((tmp_path / "report" / "results.json").read_text())["header"]
+    assert any(step.startswith("megatron-core-cpu-device") for step in header["compat"]), header["compat"]
+    assert header["te_impl"]["name"] != "-"  # TE's Linear ran: the header says which implementation

@@ -13,6 +13,7 @@ from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.thunder import ThunderBackend
 from te_verify.backends.torch_compile import TorchCompileBackend
+from te_verify.spec import WRAPPERS
 from te_verify.objects import ObjectPathError, load_path
 
 
@@ -42,9 +43,9 @@ BUILTINS: dict[str, tuple[str, Callable[[], Backend]]] = {
     "thunder_te": ("te", _thunder_te),
 }
 
-# The distributed lane's wrappers (te_verify.distributed.wrappers.WRAPPERS), named here so selecting them needs no
-# import of the wrappers' libraries.
-DIST_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp")
+# The distributed lane's wrappers and training engines (te_verify.spec.WRAPPERS), named there so selecting them needs
+# no import of their libraries.
+DIST_WRAPPERS = WRAPPERS
 
 # Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here).
 TIER_DEFAULTS: dict[str, tuple[str, ...]] = {

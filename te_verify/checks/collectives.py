@@ -50,6 +50,10 @@ class Collective:
     phase: str
     # What its payload (the rank's contribution) carries, as far as storage and content tell.
     carries: tuple[Carried, ...] = ()
+    # The training iteration it belongs to (a training engine's case runs several; a wrapper's case one: 0).
+    iteration: int = 0
+    # The microbatch of that iteration running when it was called (an engine accumulating gradients runs several).
+    microbatch: int = 0
 
     @property
     def value_bytes(self) -> int:
@@ -98,12 +102,14 @@ def summarize(calls: list[Collective]) -> dict[str, int]:
 
 
 def gradient_volume(case_id: str, backend: str, calls: list[Collective], params: list[ParamInfo],
-                    world_size: int) -> Verdict:
-    """Reduction bytes after forward within [trainable bytes, trainable bytes + padding bound]."""
+                    world_size: int, layout_slack: int = 0, reductions: int = 1) -> Verdict:
+    """Reduction bytes after forward within [trainable bytes, trainable bytes + padding bound], `reductions` times
+    (an engine that keeps only its gradient partition reduces every microbatch); `layout_slack`: the padding an
+    engine's flat buffer adds (its bucket and parameter alignment, distributed.engines)."""
     actual = reduction_bytes(calls)
     trainable = [p for p in params if p.trainable]
-    required = sum(p.nbytes for p in trainable)
-    slack = sum(p.padding_bound(world_size) for p in trainable)
+    required = sum(p.nbytes for p in trainable) * reductions
+    slack = (sum(p.padding_bound(world_size) for p in trainable) + layout_slack) * reductions
     figures = {"collective_bytes_actual": actual, "collective_bytes_required": required,
                "collective_bytes_ratio": waste_ratio(actual, required),
                **summarize(calls)}
@@ -143,10 +149,12 @@ def explain_surplus(frozen: list[ParamInfo], surplus: int, slack: int) -> str:
 
 
 def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collective]], params: list[ParamInfo],
-                       units: list[LayerInfo], shards: bool, regathers: bool) -> Verdict:
+                       units: list[LayerInfo], shards: bool, regathers: bool, world_size: int = 2) -> Verdict:
     """Every collective carrying a frozen parameter, on every rank, against what the wrapper's sharding needs:
     `shards` (it all-gathers parameters for forward) and `regathers` (it reshards after forward, so it gathers again
-    for backward the units that take part in it)."""
+    for backward the units that take part in it). A gather again in the same phase of one iteration is waste once
+    the rank has sent more than its shard of the parameter (a shard and its padding bound): a flat buffer's
+    uninitialised padding may hold a stale copy of a few of its values, which is not a second gather."""
     frozen, names = {p.name: p for p in params if not p.trainable}, {p.name for p in params}
     needed_back = any(u.needed_in_backward for u in units)  # the root unit's (embedding, head) take part if any does
     waste: dict[str, list[int]] = {}
@@ -154,6 +162,7 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                "buffer_comm_bytes": 0}
     for rank, calls in sorted(ranks.items()):
         gathered: Counter = Counter()
+        sent: Counter = Counter()
         for c in calls:
             figures["value_comm_bytes"] += sum(x.nbytes for x in c.carries if x.what == "values" and x.name in names)
             figures["buffer_comm_bytes"] += sum(x.nbytes for x in c.carries if x.name.startswith("buffer:"))
@@ -171,10 +180,12 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                     why = "the wrapper keeps it gathered from forward to backward"
                 elif c.phase == "backward" and not (needed_back if p.unit is None else units[p.unit].needed_in_backward):
                     why = f"nothing flows back through {_unit_name(p)} (frozen, its input needs no gradient)"
-                else:
-                    gathered[(c.phase, x.name)] += 1
-                    if gathered[(c.phase, x.name)] > 1:
-                        why = f"gathered {gathered[(c.phase, x.name)]} times in {c.phase}, once needed"
+                else:  # counted per iteration and microbatch: an engine's case runs several, each needing its own
+                    key = (c.iteration, c.microbatch, c.phase, x.name)
+                    gathered[key] += 1
+                    sent[key] += x.nbytes
+                    if gathered[key] > 1 and sent[key] > -(-p.nbytes // world_size) + p.padding_bound(world_size):
+                        why = f"gathered {gathered[key]} times in {c.phase}, once needed"
                 if why is None:
                     figures["frozen_comm_bytes_needed"] += x.nbytes
                     continue

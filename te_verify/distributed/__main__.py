@@ -31,10 +31,13 @@ from te_verify.expectations import ExpectationsError, covering, load_expectation
 from te_verify.known_gaps import check_results, judge
 from te_verify.distributed.pool import PoolResult, backend_for
 from te_verify.distributed.verify import dist_verdicts, rank_peaks
-from te_verify.matrix_dist import FAMILIES
+from te_verify.matrix_dist import FAMILIES as WRAPPER_FAMILIES
+from te_verify.matrix_engines import FAMILIES as ENGINE_FAMILIES
 from te_verify.report.stream import RowStream
 
 ROOT = Path(__file__).resolve().parents[2]
+# The wrappers' families, then the training engines' (a user's --wrap runs the wrappers' families only).
+FAMILIES = {**WRAPPER_FAMILIES, **ENGINE_FAMILIES}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -73,7 +76,7 @@ def selected_specs(args: argparse.Namespace, wrap: DeclaredWrapper | None) -> li
     """The tier's cases of the chosen families; under --wrap, the declared wrapper's families' cases under its name."""
     if wrap is None:
         return [spec for family in args.family or sorted(FAMILIES) for spec in FAMILIES[family](args.tier)]
-    families = [f for f in args.family or sorted(FAMILIES) if f in wrap.families]
+    families = [f for f in args.family or sorted(WRAPPER_FAMILIES) if f in wrap.families]
     return [spec for family in families for spec in wrap.specs(family, FAMILIES[family](args.tier))]
 
 
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(places, f"{socket.gethostname()}/{run_device.active()}")
     env = {"te_version": None, "device": environment.device()}  # the distributed lane runs no TE
     specs = selected_specs(args, wrap)
-    header = run_header(args, started, places)
+    header = run_header(args, started, places, specs)
     stream = RowStream(Path(args.report_dir)) if rank == 0 and args.report_dir else None
     if stream is not None:  # rank 0 streams each row as it finishes: a killed job keeps them
         stream.write("header", header)
@@ -178,14 +181,18 @@ def exit_code(rows: list[dict]) -> int:
     return int(any(r["outcome"] in ("failed", "xpassed") for r in rows))
 
 
-def run_header(args: argparse.Namespace, started: str, places: list[str]) -> dict:
-    """The report header of this torchrun job (streamed first; `finished` is added at the end)."""
-    from te_verify import compat
+def run_header(args: argparse.Namespace, started: str, places: list[str], specs: list) -> dict:
+    """The report header of this torchrun job (streamed first; `finished` and the compatibility steps the ranks
+    applied are added at the end)."""
+    from te_verify import compat, te_api
 
+    te_impl = {"name": "-", "why": "these cases use torch.nn.Linear"}
+    if any(spec.te is not None for spec in specs):  # TE's Linear under an engine (matrix_engines.te_megatron_specs)
+        impl = te_api.active()
+        te_impl = {"name": impl.name, "why": impl.why, "ran": impl.describe}
     return {"run_id": f"torchrun-{os.getpid()}", "started": started, "tier": args.tier, "argv": sys.argv,
             "versions": environment.versions(), "device": environment.device(), "devices": places, "shard": None,
-            "te_impl": {"name": "-", "why": "distributed lane uses torch.nn.Linear"}, "compat": list(compat.APPLIED),
-            "backends": {}}
+            "te_impl": te_impl, "compat": list(compat.APPLIED), "backends": {}}
 
 
 def write(args: argparse.Namespace, rows: list[dict], header: dict) -> None:
@@ -195,7 +202,10 @@ def write(args: argparse.Namespace, rows: list[dict], header: dict) -> None:
     print(f"te_verify.distributed: {len(rows)} cases: " + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
     if not args.report_dir:
         return
-    header = {**header, "finished": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    from te_verify import compat
+
+    header = {**header, "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "compat": sorted(set(header["compat"]) | set(compat.APPLIED))}
     path = write_report(Path(args.report_dir), {"schema_version": 1, "header": header, "rows": rows})
     print(f"te_verify.distributed: wrote {path}")
 

@@ -12,6 +12,7 @@ travels back as host copies.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from te_verify.checks.collectives import Collective
 from te_verify.distributed.carried import Attribution, ContentIndex
+from te_verify.distributed.training import ITERATIONS, StateBytes, microbatches, run_iteration
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
 from te_verify.graph_sites import linear_weights
@@ -75,6 +77,10 @@ class RankOutcome:
     # The rank's input shard and cotangent (the caller's tensors) before and after the run.
     inputs_before: dict[str, TensorState] = field(default_factory=dict)
     inputs_after: dict[str, TensorState] = field(default_factory=dict)
+    # A training engine's full parameters after each optimizer step (distributed.training); empty for a wrapper.
+    params_after_steps: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    # A training engine's state bytes per category after its last step, on this rank.
+    engine_state: dict[str, StateBytes] = field(default_factory=dict)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
@@ -143,7 +149,9 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     if spec.replays != 1:
         raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
     fresh_case(spec)
+    began = time.perf_counter()
     wrapped, attribution, slots = prepare(spec, case.wrap or wrap)
+    wrap_s = time.perf_counter() - began  # the wrapper's or engine's own set-up (figure wrap_s), not the pool's
     inputs = make_inputs(spec)
     x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)
     cotangent = shard(inputs.grad_output, rank, world_size) * wrapped.grad_divisor
@@ -155,13 +163,17 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     with Retention(True) as retention:  # entered first: on CPU it tracks from the measured step on
         outcome = _measured_step(rank, spec, wrapped, x, cotangent, counter, timeline, probes, observe)
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
+        outcome.figures["wrap_s"] = wrap_s
         outcome.inputs_before, outcome.inputs_after = before, input_states(CaseInputs(x, cotangent))
         # Every rank takes the steps (their collectives pair up), after the measured step's observations. The judged
         # one is the fourth: DDP rebuilds its buckets once, in the order gradients became ready, at the start of the
         # second iteration's forward, or of the third with static_graph=True (its first iteration all-reduces late);
         # a one-time allocation (torch.nn.parallel.DistributedDataParallel._rebuild_buckets), measured here.
-        outcome.observations["retained"] = retention.second_step(wrapped.module, wrapped.model,
-                                                                 CaseInputs(x, cotangent), "the wrapper", unjudged=2)
+        if wrapped.train is not None:
+            _train_steps(spec, wrapped, x, cotangent, counter, outcome)
+        outcome.observations["retained"] = retention.second_step(
+            wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
+            step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
     return outcome
 
 
@@ -171,19 +183,12 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
     with counter.patched(), contextlib.ExitStack() as probing:
         for probe in probes:
             probing.enter_context(probe)
-        counter.phase = "forward"
-        set_phase(probes, "forward")
-        boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
-        out = wrapped.module(x)
-        for handle in handles:
-            handle.remove()
-        if observe:
-            timeline.watch_boundaries(boundaries)
-            timeline.mark("backward_start", len(wrapped.layers))
-        counter.phase = "backward"
-        set_phase(probes, "backward", 1)
-        out.backward(cotangent)
-        counter.phase = "step"  # whatever runs after backward returns (none of this lane's wrappers steps)
+        if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.training)
+            out = run_iteration(wrapped.module, wrapped.train, x, cotangent, microbatches(spec),
+                                lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch))
+        else:
+            out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
+        counter.phase = "step"  # whatever runs after backward returns (an engine's step: training.train_steps)
         if observe:
             timeline.mark("backward_end", -1)
         set_phase(probes, "idle")
@@ -201,6 +206,58 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
         figures={k: v for probe in probes for k, v in probe.figures().items()},
         observations={k: v for probe in probes for k, v in probe.observations().items()},
     )
+
+
+def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
+                 counter: CollectiveCounter, outcome: RankOutcome) -> None:
+    """An engine's optimizer step after the measured iteration, then ITERATIONS - 1 more whole iterations, all
+    under the collective counter; the parameters after every step and the engine's state after the last."""
+    for k in range(ITERATIONS):
+        counter.iteration, counter.microbatch = k, 0
+        with counter.patched():
+            if k:
+                run_iteration(wrapped.module, wrapped.train, x, cotangent, microbatches(spec),
+                              lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
+            counter.phase = "step"
+            wrapped.train.step()
+        outcome.params_after_steps.append(to_host(wrapped.full_params()))
+    outcome.engine_state = wrapped.train.state()
+
+
+def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:
+    """One whole unobserved iteration (the retention check's later steps)."""
+    run_iteration(wrapped.module, wrapped.train, inputs.x, inputs.grad_output, microbatches(spec), lambda phase, microbatch: None)
+    wrapped.train.step()
+
+
+def _plain_forward_backward(wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor, counter: CollectiveCounter,
+                            timeline: Timeline, probes: list, observe: bool) -> torch.Tensor:
+    """Forward, then backward of the output against the cotangent, with the layer boundaries watched."""
+    _set_phases(counter, probes, "forward")
+    boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
+    out = wrapped.module(x)
+    for handle in handles:
+        handle.remove()
+    if observe:
+        timeline.watch_boundaries(boundaries)
+        timeline.mark("backward_start", len(wrapped.layers))
+    _set_phases(counter, probes, "backward")
+    out.backward(cotangent)
+    return out
+
+
+def _set_phases(counter: CollectiveCounter, probes: list, phase: str, microbatch: int = 0) -> None:
+    """The collective counter's phase, and the probes' (backward is pass 1; an engine's finish is the probes' idle).
+    The probes watch the first microbatch only: the oracle of a rank is its first microbatch's (verify.local_spec)."""
+    counter.phase, counter.microbatch = phase, microbatch
+    if microbatch > 0:
+        set_phase(probes, "idle")
+    elif phase == "forward":
+        set_phase(probes, "forward")
+    elif phase == "backward":
+        set_phase(probes, "backward", 1)
+    else:
+        set_phase(probes, "idle")
 
 
 def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:

@@ -3,24 +3,23 @@
 fairscale 0.4.13 calls CUDA stream APIs unconditionally (`torch.cuda.stream(self._streams["all_gather"])`,
 `current_stream()`, `record_stream`), so on a CPU-only torch its first forward raises KeyError 'all_gather'.
 The layer gives fairscale's FSDP module a `torch` whose `cuda` streams are no-ops (CPU ops run in program
-order, so stream ordering has nothing to enforce), makes `Tensor.record_stream` a no-op, and sets
+order, so stream ordering has nothing to enforce) and whose other CUDA calls raise (compat.cuda_stand_in), makes `Tensor.record_stream` a no-op, and sets
 ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo rejects the 2-D input fairscale passes to `_reduce_scatter_base`).
 It is version-guarded: any other fairscale version is refused rather than patched blindly. One FSDP unit
 per layer, because flatten_parameters needs uniform requires_grad per unit.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import types
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
-from te_verify.compat import record
+from te_verify.compat.cuda_stand_in import confine
 from te_verify.spec import CaseSpec
 
 SUPPORTED = "0.4.13"
@@ -29,36 +28,7 @@ STEP = ("fairscale-cpu-streams: fairscale 0.4.13 FSDP uses CUDA streams uncondit
         "ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo)")
 
 
-class _NoStream:
-    """Stands in for a CUDA stream on CPU, where ops already run in program order."""
-
-    def wait_stream(self, other) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-def _cuda_stand_in() -> types.SimpleNamespace:
-    stream = _NoStream()
-    return types.SimpleNamespace(
-        is_available=lambda: True, Stream=lambda *a, **k: stream, current_stream=lambda *a, **k: stream,
-        stream=lambda s=None: contextlib.nullcontext(), synchronize=lambda *a, **k: None,
-        memory_allocated=lambda *a, **k: 0, max_memory_allocated=lambda *a, **k: 0)
-
-
-class _TorchProxy(types.ModuleType):
-    """`torch` for fairscale's FSDP module only, with CPU stand-ins for the stream API."""
-
-    def __init__(self) -> None:
-        super().__init__("torch")
-        self.cuda = _cuda_stand_in()
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-
-def apply(device: torch.device) -> types.ModuleType:
+def apply(device: torch.device) -> ModuleType:
     """Install the layer (once per process, whose ranks run on the CPU) and return fairscale's FSDP module."""
     version = importlib.metadata.version("fairscale")
     if version != SUPPORTED:
@@ -66,12 +36,12 @@ def apply(device: torch.device) -> types.ModuleType:
     if device.type == "cuda":
         return importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
     os.environ["ENABLE_NCCL_BASE_COLLECTIVES"] = "0"  # read at fairscale import time
-    module = importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
-    if not isinstance(module.torch, _TorchProxy):
-        module.torch = _TorchProxy()
-        torch.Tensor.record_stream = lambda self, stream: None
-        record(STEP)
-    return module
+    torch.Tensor.record_stream = lambda self, stream: None
+    # fairscale asks whether CUDA is available to pick its stream path, and reads memory counters for its logs.
+    return confine("fairscale.nn.data_parallel.fully_sharded_data_parallel",
+                   ("Stream", "current_stream", "stream", "synchronize"), STEP,
+                   answers={"is_available": lambda: True, "memory_allocated": lambda *a, **k: 0,
+                            "max_memory_allocated": lambda *a, **k: 0})
 
 
 def _full_from_shards(p: torch.Tensor, shard_grad: torch.Tensor) -> torch.Tensor:

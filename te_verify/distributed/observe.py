@@ -9,6 +9,7 @@ layer holds each time a layer boundary's gradient is done -- a measurement of st
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,6 +62,9 @@ class CollectiveCounter:
     phase: str = "setup"
     # Names what a payload carries (distributed.carried.Attribution); None records nothing carried.
     attribute: Callable[[list[torch.Tensor]], tuple[Carried, ...]] | None = None
+    # The training iteration and its microbatch running (a training engine's case sets them).
+    iteration: int = 0
+    microbatch: int = 0
     # One record per outermost collective call.
     calls: list[Collective] = field(default_factory=list)
     # Nesting depth per thread, so a collective implemented by another is counted once.
@@ -76,7 +80,8 @@ class CollectiveCounter:
         if self.attribute is not None:
             with _disable_current_modes():  # the probes' dispatch mode: this work is not the run's
                 carries = self.attribute(collective_tensors(payload))
-        self.calls.append(Collective(kind, tensor_bytes(volume), self.current_phase(), carries))
+        self.calls.append(Collective(kind, tensor_bytes(volume), self.current_phase(), carries, self.iteration,
+                                     self.microbatch))
 
     def _wrap(self, name: str, fn: Callable) -> Callable:
         kind, volume_arg, payload_arg = COLLECTIVES[name]
@@ -96,13 +101,37 @@ class CollectiveCounter:
     @contextlib.contextmanager
     def patched(self):
         originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+        places = [(dist, name, name) for name in originals] + captured_aliases(originals)
         try:
-            for name, fn in originals.items():
-                setattr(dist, name, self._wrap(name, fn))
+            for module, attr, name in places:
+                setattr(module, attr, self._wrap(name, originals[name]))
             yield self
         finally:
-            for name, fn in originals.items():
-                setattr(dist, name, fn)
+            for module, attr, name in places:
+                setattr(module, attr, originals[name])
+
+
+_ALIASES: dict[int, list[tuple]] = {}  # len(sys.modules) -> the aliases found then (rescanned when modules load)
+
+
+def captured_aliases(originals: dict[str, Callable]) -> list[tuple[object, str, str]]:
+    """(module, attribute, collective) for every module-level alias of a torch.distributed collective outside torch
+    (megatron-core binds `dist_reduce_scatter_func = torch.distributed.reduce_scatter_tensor` at import): a library
+    that calls its alias must be counted like one that looks the function up on torch.distributed."""
+    key = len(sys.modules)
+    if key not in _ALIASES:
+        by_id = {id(fn): name for name, fn in originals.items()}
+        found = []
+        for module_name, module in list(sys.modules.items()):
+            if module is None or module_name.split(".")[0] == "torch":
+                continue
+            for attr, value in list(getattr(module, "__dict__", {}).items()):
+                name = by_id.get(id(value))
+                if name is not None and value is originals[name]:
+                    found.append((module, attr, name))
+        _ALIASES.clear()
+        _ALIASES[key] = found
+    return _ALIASES[key]
 
 
 @dataclass

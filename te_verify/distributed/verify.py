@@ -16,7 +16,10 @@ from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
 from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_case
+from te_verify.checks.training import engine_state, params_after_steps
+from te_verify.distributed.engines import engine
 from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
+from te_verify.distributed.training import StateBytes, eager_trajectory, microbatches
 from te_verify.distributed.pool import PoolResult, RankPool
 from te_verify.distributed.wrappers import units_of
 from te_verify.models import CPU, build_model, frozen_at_backward
@@ -31,13 +34,17 @@ RESHARD_DEFAULTS = {"fsdp2": True, "fairscale_fsdp": True, "thunder_fsdp": True}
 
 
 def shards(spec: CaseSpec) -> bool:
-    """Whether the case's wrapper shards parameters (a user's wrapper: as it declares)."""
-    declared = REGISTERED.get(spec.dist.wrapper)
+    """Whether the case's wrapper shards parameters (a user's wrapper: as it declares; an engine: as its file says)."""
+    declared, trainer = REGISTERED.get(spec.dist.wrapper), engine(spec.dist.wrapper)
+    if trainer is not None:
+        return trainer.shards(spec)
     return declared.shards if declared is not None else spec.dist.wrapper in SHARDED
 
 
 def reshards_after_forward(spec: CaseSpec) -> bool:
-    declared = REGISTERED.get(spec.dist.wrapper)
+    declared, trainer = REGISTERED.get(spec.dist.wrapper), engine(spec.dist.wrapper)
+    if trainer is not None:
+        return trainer.reshards_after_forward(spec)
     if declared is not None:
         return declared.reshards_after_forward
     opts = dict(spec.dist.options)
@@ -103,8 +110,9 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
 
 def local_spec(spec: CaseSpec) -> CaseSpec:
     """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank), single-process (a
-    shard need not split over the ranks again)."""
-    return spec.replace(batch_shape=(spec.batch_shape[0] // spec.dist.world_size, *spec.batch_shape[1:]), dist=None)
+    shard need not split over the ranks again); an engine's first microbatch of it, which its probes watch."""
+    rows = spec.batch_shape[0] // spec.dist.world_size // microbatches(spec)
+    return spec.replace(batch_shape=(rows, *spec.batch_shape[1:]), dist=None)
 
 
 def gathered_weight_allowance(spec: CaseSpec) -> int:
@@ -188,9 +196,10 @@ def merge_ranks(name: str, verdicts: list[Verdict]) -> Verdict:
 
 def rank_peaks(result: PoolResult) -> dict:
     """The highest rank's peak memory, forward+backward and backward (a figure: judged through gathered_peak,
-    see the README's audit)."""
+    see the README's audit), and the slowest rank's wrap (the wrapper's or engine's own per-case set-up)."""
     done = [o for o in result.results if o is not None]
-    return {key: max(o.figures.get(key, 0) for o in done) for key in ("peak_bytes", "peak_backward_bytes")} if done else {}
+    return {key: max(o.figures.get(key, 0) for o in done) for key in ("peak_bytes", "peak_backward_bytes", "wrap_s")} \
+        if done else {}
 
 
 def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
@@ -216,12 +225,41 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     params = param_infos(spec)
     layers = layer_infos(spec, params)
     regathers = reshards_after_forward(spec)
-    verdicts.append(gradient_volume(spec.id, backend, outcome.collectives, params, spec.dist.world_size))
+    verdicts.append(volume_per_iteration(spec, outcome.collectives, params, outcome.engine_state.get("grad_buffer")))
     verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
-                                       params, layers, shards(spec), regathers))
+                                       params, layers, shards(spec), regathers, spec.dist.world_size))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers))
+    if engine(backend) is not None:
+        verdicts += training_verdicts(spec, result, params, tol)
     return verdicts
+
+
+def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], layout: StateBytes | None) -> Verdict:
+    """gradient_volume of each iteration (an engine's case runs several; a wrapper's one), as one verdict; an
+    engine's grad-buffer padding (`layout.slack`) is not waste, and one that keeps only its gradient partition
+    reduces every microbatch (Engine.reductions)."""
+    iterations = sorted({c.iteration for c in calls} or {0})
+    trainer = engine(spec.dist.wrapper)
+    verdicts = []
+    for k in iterations:
+        verdict = gradient_volume(spec.id, spec.dist.wrapper, [c for c in calls if c.iteration == k], params,
+                                  spec.dist.world_size, layout.slack if layout else 0,
+                                  trainer.reductions(spec) if trainer else 1)
+        if len(iterations) > 1 and not verdict.ok:
+            verdict.message = f"iteration {k + 1}: {verdict.message}"
+        verdicts.append(verdict)
+    return merge_ranks("gradient_volume", verdicts)
+
+
+def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo], tol: Tolerance) -> list[Verdict]:
+    """A training engine's parameters after every step against eager SGD's, and the state it keeps per rank."""
+    frozen = {p.name for p in params if not p.trainable}
+    ranks = dict(enumerate(result.results))
+    return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),
+                               {r: o.params_after_steps for r, o in ranks.items()}, frozen, tol),
+            engine_state(spec.id, spec.dist.wrapper, {r: o.engine_state for r, o in ranks.items()}, params,
+                         spec.dist.world_size)]
 
 
 def dist_tolerance(spec: CaseSpec, ref: Record) -> Tolerance:
@@ -247,6 +285,9 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
         raise ValueError(f"[{spec.id}] dist.world_size={spec.dist.world_size}: the rank pool has {pool.world_size} ranks")
     if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
+    trainer = engine(spec.dist.wrapper)
+    for step in (trainer.cpu_steps if trainer is not None and pool.device == "cpu" else ()):
+        record(step)
     wrap = wrap or REGISTERED.get(spec.dist.wrapper)  # a user's declared wrapper, loaded again in each rank
     result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool))
     figures.update(rank_peaks(result))

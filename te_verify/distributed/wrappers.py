@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
+from te_verify.distributed.training import TrainStep
 from te_verify.models import family_of
 from te_verify.spec import CaseSpec
 
@@ -45,6 +46,9 @@ class Wrapped:
     keep: list = field(default_factory=list)
     # The unwrapped model object (set by case_runner.prepare): its linears, in module order, are the oracle's sites.
     model: nn.Module | None = None
+    # A training engine's step (distributed.training): its backward, finish, optimizer step and state. None for a
+    # wrapper that only computes gradients (DDP, FSDP): the lane then runs one plain forward and backward.
+    train: TrainStep | None = None
 
 
 # A parameter's place, taken before wrapping: (qualified name, owning module, attribute). Reading the attribute
@@ -194,6 +198,11 @@ WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
 
 
 def wrap(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
+    from te_verify.distributed.engines import ENGINES, engine
+
+    trainer = engine(spec.dist.wrapper) if spec.dist is not None else None
+    if trainer is not None:
+        return trainer.wrap(model, spec)
     if spec.dist is None or spec.dist.wrapper not in WRAPPERS:
-        raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted(WRAPPERS)}")
+        raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted([*WRAPPERS, *ENGINES])}")
     return WRAPPERS[spec.dist.wrapper](model, spec)

@@ -131,19 +131,22 @@ class Retention:
         return grown
 
     def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs,
-                    fn_label: str = "the backend's callable", unjudged: int = 0) -> dict[str, Any]:
+                    fn_label: str = "the backend's callable", unjudged: int = 0,
+                    step: Callable[[CaseInputs], None] | None = None) -> dict[str, Any]:
         """Run a plain step after the measured one (whose output the caller dropped), or `unjudged` steps and then
         that one, and return its net growth: `bytes`, the `holders` (attribute paths from the model and `fn`, named
-        `fn_label`, CPU) of what it made and left alive, `source`; or `error` when a step raised."""
+        `fn_label`, CPU) of what it made and left alive, `source`; or `error` when a step raised. `step` replaces the
+        plain step (a training engine's whole iteration, its optimizer step included)."""
+        take = step or (lambda inputs: _step(fn, inputs))
         watcher = self._watcher
         if watcher is not None:
             watcher.set_phase("second step")  # tracked like the run's own work; not "forward": no layer is learned
             watcher.follow_copies = False  # no probe reads copies now
         try:
             for _ in range(unjudged):
-                _step(fn, inputs)
+                take(inputs)
             before, made = self._live_bytes(), watcher.storages_made if watcher is not None else 0
-            _step(fn, inputs)
+            take(inputs)
         except Exception as exc:  # a backend that cannot take a second step: the check reports it
             return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
         grown = self._settled_growth(before)

@@ -1,0 +1,100 @@
+"""The training engines' helpers and checks on their own: eager SGD's trajectory, parameters after each step,
+state kept per rank, the strict CUDA stand-in, and counting a library's captured alias of a collective."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from te_verify.checks.collectives import ParamInfo
+from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.training import engine_state, params_after_steps
+from te_verify.compat.cuda_stand_in import CudaPathError, confine
+from te_verify.distributed.observe import CollectiveCounter
+from te_verify.distributed.training import LR, StateBytes, eager_trajectory
+from te_verify.matrix_dist import MIDDLE, _spec
+from te_verify.models import frozen_at_backward, make_inputs
+
+TOL = Tolerance(rtol=1.3e-6, atol=1e-5, source="test")
+SPEC = _spec("dist_megatron_ddp", "megatron_ddp", MIDDLE, True)
+PARAMS = [ParamInfo("0.weight", (32, 32), 4, True, 0), ParamInfo("0.bias", (32,), 4, True, 0),
+          ParamInfo("1.weight", (32, 32), 4, False, 1), ParamInfo("1.bias", (32,), 4, False, 1)]
+
+
+def test_eager_trajectory_is_sgd_on_the_global_batch_and_leaves_frozen_parameters_alone():
+    steps = eager_trajectory(SPEC, 2)
+    model, inputs = frozen_at_backward(SPEC), make_inputs(SPEC)
+    model(inputs.x.detach()).backward(inputs.grad_output)
+    first = {n: p.detach() - LR * p.grad if p.requires_grad else p.detach() for n, p in model.named_parameters()}
+    assert len(steps) == 2
+    for name, value in first.items():
+        torch.testing.assert_close(steps[0][name], value)
+    assert torch.equal(steps[1]["1.weight"], model[1].weight.detach())  # frozen middle layer
+    assert not torch.equal(steps[1]["0.weight"], steps[0]["0.weight"])  # momentum keeps it moving
+
+
+def _after(steps, **changes):
+    out = [{k: v.clone() for k, v in s.items()} for s in steps]
+    for key, fn in changes.items():
+        k, name = key.split("__")
+        out[int(k)][name.replace("_", ".")] = fn(out[int(k)][name.replace("_", ".")])
+    return out
+
+
+def test_params_after_steps_passes_equal_and_names_rank_step_and_parameter():
+    want = eager_trajectory(SPEC, 2)
+    frozen = {"1.weight", "1.bias"}
+    assert params_after_steps("c", "e", want, {0: want, 1: want}, frozen, TOL).ok
+    off = _after(want, **{"1__3_weight": lambda t: t * 1.01})
+    verdict = params_after_steps("c", "e", want, {0: want, 1: off}, frozen, TOL)
+    assert not verdict.ok and "rank 1, after step 2, 3.weight" in verdict.message, verdict.message
+    nudged = _after(want, **{"0__1_bias": lambda t: t + 1e-7})  # within tolerance, but frozen: bitwise
+    verdict = params_after_steps("c", "e", want, {0: nudged}, frozen, TOL)
+    assert not verdict.ok and "after step 1, frozen 1.bias: changed" in verdict.message, verdict.message
+    verdict = params_after_steps("c", "e", want, {0: want[:1]}, frozen, TOL)
+    assert not verdict.ok and "1 steps taken, 2 expected" in verdict.message
+
+
+def test_engine_state_passes_the_trainable_room_and_names_frozen_room():
+    need = (32 * 32 + 32) * 4
+    ok = {0: {"optimizer_state": StateBytes(need, False), "grad_buffer": StateBytes(need, False)}}
+    assert engine_state("c", "e", ok, PARAMS, 2).ok
+    over = {1: {"optimizer_state": StateBytes(need + 32 * 32 * 4, False)}}
+    verdict = engine_state("c", "e", over, PARAMS, 2)
+    assert not verdict.ok and "rank 1: optimizer_state holds 8,320 B" in verdict.message, verdict.message
+    assert "made in step" in verdict.message and "the size of 1.weight" in verdict.message
+    sharded = {0: {"master": StateBytes(need // 2 + 64, True)}}  # a rank's half of the frozen bias
+    verdict = engine_state("c", "e", sharded, PARAMS, 2)
+    assert not verdict.ok and "the size of 1.bias" in verdict.message and "made in wrap" in verdict.message
+    assert engine_state("c", "e", {0: {"master": StateBytes(need // 2 + 64, True, slack=64)}}, PARAMS, 2).ok
+
+
+def test_cuda_stand_in_answers_only_what_the_step_covers():
+    module = types.ModuleType("te_verify_fake_engine")
+    module.torch = torch
+    sys.modules[module.__name__] = module
+    try:
+        confine(module.__name__, ("current_device",), "fake-step")
+        assert module.torch.cuda.current_device() == "cpu"
+        assert module.torch.zeros(1).shape == (1,)  # the rest of torch is torch's
+        with pytest.raises(CudaPathError, match="te_verify_fake_engine called torch.cuda.Stream"):
+            module.torch.cuda.Stream()
+        assert torch.cuda.current_device is not module.torch.cuda.current_device  # torch itself is untouched
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_counter_patches_a_library_alias_of_a_collective_and_restores_it():
+    module = types.ModuleType("te_verify_fake_library")
+    module.reduce_scatter_func = dist.reduce_scatter_tensor  # bound at import, as megatron-core does
+    sys.modules[module.__name__] = module
+    try:
+        counter = CollectiveCounter()
+        with counter.patched():
+            assert module.reduce_scatter_func.__name__ == "counted"
+        assert module.reduce_scatter_func is dist.reduce_scatter_tensor
+    finally:
+        del sys.modules[module.__name__]
