@@ -79,6 +79,9 @@ def deepspeed_specs(tier: str) -> list:
         if stage == 3:  # persistent small parameters (DeepSpeed's default threshold) and none persistent
             sets = [s + extra for s in sets for extra in ((("persistence_threshold", 0),), ())]
         specs += _grid("dist_deepspeed", wrapper, tier, sets if tier != "smoke" else sets[:1], per_mask=stage // 3 + 1)
+        if tier != "smoke":  # TE's Linear (high precision) under the same stage
+            specs += [_spec("dist_deepspeed", wrapper, m, True, sets[0]).replace(te=TEConfig())
+                      for m in (MIDDLE, named_masks(4)["alternating"])]
     return dedupe(specs)
 
 

@@ -153,7 +153,10 @@ def test_each_builtin_backend_alone_runs_the_smoke_tier(tmp_path, backend):
     assert all(r["outcome"] in ("passed", "xfailed", "skipped") for r in rows)
 
 
-def test_dist_wrapper_names_match_the_wrappers():
+def test_dist_wrapper_names_match_the_wrappers_and_engines():
+    from te_verify.distributed.engines import engine
     from te_verify.distributed.wrappers import WRAPPERS
 
-    assert set(DIST_WRAPPERS) == set(WRAPPERS)
+    engines = {name for name in DIST_WRAPPERS if engine(name) is not None}
+    assert engines == {"megatron_ddp", "megatron_fsdp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"}
+    assert set(DIST_WRAPPERS) == set(WRAPPERS) | engines

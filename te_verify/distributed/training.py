@@ -119,5 +119,12 @@ def eager_trajectory(spec: CaseSpec, iterations: int = ITERATIONS) -> list[dict[
     return after
 
 
-def trainable_names(model: nn.Module) -> list[str]:
-    return [name for name, p in model.named_parameters() if p.requires_grad]
+def te_stack(model: nn.Sequential, spec: CaseSpec) -> nn.Sequential:
+    """The stack's layers as TE Linear modules of the active --te-impl holding the same Parameters (the TE lane's
+    converter), with fuse_wgrad_accumulation where spec.te asks for it: an engine wraps these. High precision only."""
+    from te_verify import te_api
+    from te_verify.backends.te_eager import convert
+
+    if spec.te.module != "linear" or spec.te.recipe is not None:
+        raise ValueError(f"te={spec.te.tag}: the engines run TE's Linear in high precision only")
+    return nn.Sequential(*convert(model, spec, te_api.active().api))

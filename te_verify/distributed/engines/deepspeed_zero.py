@@ -41,7 +41,7 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, TrainStep, microbatches, sgd
+from te_verify.distributed.training import StateBytes, TrainStep, microbatches, sgd, te_stack
 from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, param_tensors, units_of, \
     value_of
 from te_verify.spec import CaseSpec
@@ -165,8 +165,9 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
     trainable = [p for p in model.parameters() if p.requires_grad]
     in_optimizer = {id(p) for p in trainable}
     chunks = microbatches(spec)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=sgd(trainable), config=config(stage, spec, opts))
-    late_collectives(model)
+    inner = te_stack(model, spec) if spec.te is not None else model  # TE's Linear holding the same Parameters
+    engine, *_ = deepspeed.initialize(model=inner, optimizer=sgd(trainable), config=config(stage, spec, opts))
+    late_collectives(inner)
     zero = engine.optimizer  # DeepSpeed's ZeRO optimizer; the torch SGD it steps is zero.optimizer
     seen = [0]  # microbatches backpropagated in this iteration
 

@@ -28,7 +28,7 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, TrainStep, default_backward, sgd
+from te_verify.distributed.training import StateBytes, TrainStep, default_backward, sgd, te_stack
 from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, param_tensors, units_of, \
     value_of
 from te_verify.spec import CaseSpec
@@ -65,22 +65,6 @@ def process_groups():
     return ProcessGroupCollection(dp=dist.group.WORLD, tp=single(), pp=single(), ep=single(), expt_dp=single())
 
 
-def te_layers(model: nn.Sequential, spec: CaseSpec) -> nn.Sequential:
-    """The stack's layers as TE Linear modules holding the same Parameters (backends.te_eager's builder), with
-    fuse_wgrad_accumulation as spec.te says; the rest of the protocol (main_grad, grad_added_to_main_grad) is
-    DDP's to provide."""
-    from te_verify import te_api
-    from te_verify.backends.te_eager import KINDS
-    from te_verify.models.seeded import TORCH_DTYPES
-
-    if spec.te.module != "linear" or spec.te.recipe is not None:
-        raise WrapperError(f"te={spec.te.tag}: megatron_ddp runs TE's Linear in high precision only")
-    api = te_api.active().api
-    build = KINDS["linear"].build
-    return nn.Sequential(*[build(api, [layer], spec.te, TORCH_DTYPES[spec.dtype], f"layer{k}")
-                           for k, layer in enumerate(model)])
-
-
 def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     opts = options(spec)
     unknown = set(opts) - OPTIONS
@@ -93,7 +77,7 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     from megatron.core.transformer import TransformerConfig
 
     slots, layers = param_slots(model), units_of(model, spec)
-    inner = te_layers(model, spec) if spec.te is not None else model
+    inner = te_stack(model, spec) if spec.te is not None else model
     config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
     ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=bool(opts.get("overlap_grad_reduce", False)),
                                                use_distributed_optimizer=bool(opts.get("use_distributed_optimizer")),
