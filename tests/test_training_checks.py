@@ -98,3 +98,25 @@ def test_counter_patches_a_library_alias_of_a_collective_and_restores_it():
         assert module.reduce_scatter_func is dist.reduce_scatter_tensor
     finally:
         del sys.modules[module.__name__]
+
+
+def _gather(name: str, nbytes: int, phase: str = "forward", iteration: int = 0, microbatch: int = 0):
+    from te_verify.checks.collectives import Carried, Collective
+
+    return Collective("all_gather", 2 * nbytes, phase, (Carried(name, "values", nbytes),), iteration, microbatch)
+
+
+def test_frozen_gathers_are_counted_per_iteration_and_microbatch_and_a_stale_row_is_not_a_gather():
+    from te_verify.checks.collectives import frozen_collectives
+    from te_verify.checks.reshard import LayerInfo
+
+    units = [LayerInfo(4224, True, True), LayerInfo(4224, False, True)]
+    judge = lambda calls: frozen_collectives("c", "e", {0: calls}, PARAMS, units, shards=True, regathers=True)
+    shard = 2048  # a rank's share of frozen 1.weight (4,096 B) over 2 ranks
+    assert judge([_gather("1.weight", shard, iteration=k, microbatch=m) for k in (0, 1) for m in (0, 1)]).ok
+    assert judge([_gather("1.weight", shard), _gather("1.weight", 128)]).ok  # stale padding: one row
+    twice = judge([_gather("1.weight", shard), _gather("1.weight", shard)])
+    assert not twice.ok and "rank 0: all_gather in forward carried the values of frozen 1.weight (2,048 B): " \
+        "gathered 2 times in forward, once needed" in twice.message, twice.message
+    after_step = judge([_gather("1.weight", shard), _gather("1.weight", shard, phase="step")])
+    assert not after_step.ok and "all_gather in step carried the values of frozen 1.weight" in after_step.message

@@ -152,9 +152,9 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                        units: list[LayerInfo], shards: bool, regathers: bool, world_size: int = 2) -> Verdict:
     """Every collective carrying a frozen parameter, on every rank, against what the wrapper's sharding needs:
     `shards` (it all-gathers parameters for forward) and `regathers` (it reshards after forward, so it gathers again
-    for backward the units that take part in it). A gather again in the same phase of one iteration is waste once
-    the rank has sent more than its shard of the parameter (a shard and its padding bound): a flat buffer's
-    uninitialised padding may hold a stale copy of a few of its values, which is not a second gather."""
+    for backward the units that take part in it). A gather again in the same phase of one microbatch is waste; a
+    payload holding less than half a rank's share of the parameter is not counted as a gather of it (a flat buffer's
+    uninitialised padding may hold a stale row of it: Megatron-FSDP's buckets, 128 B of a 4 KiB weight)."""
     frozen, names = {p.name: p for p in params if not p.trainable}, {p.name for p in params}
     needed_back = any(u.needed_in_backward for u in units)  # the root unit's (embedding, head) take part if any does
     waste: dict[str, list[int]] = {}
@@ -162,7 +162,6 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                "buffer_comm_bytes": 0}
     for rank, calls in sorted(ranks.items()):
         gathered: Counter = Counter()
-        sent: Counter = Counter()
         for c in calls:
             figures["value_comm_bytes"] += sum(x.nbytes for x in c.carries if x.what == "values" and x.name in names)
             figures["buffer_comm_bytes"] += sum(x.nbytes for x in c.carries if x.name.startswith("buffer:"))
@@ -180,11 +179,10 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                     why = "the wrapper keeps it gathered from forward to backward"
                 elif c.phase == "backward" and not (needed_back if p.unit is None else units[p.unit].needed_in_backward):
                     why = f"nothing flows back through {_unit_name(p)} (frozen, its input needs no gradient)"
-                else:  # counted per iteration and microbatch: an engine's case runs several, each needing its own
-                    key = (c.iteration, c.microbatch, c.phase, x.name)
+                elif 2 * x.nbytes >= -(-p.nbytes // world_size):  # a gather of it: at least half a rank's share
+                    key = (c.iteration, c.microbatch, c.phase, x.name)  # an engine runs several of each
                     gathered[key] += 1
-                    sent[key] += x.nbytes
-                    if gathered[key] > 1 and sent[key] > -(-p.nbytes // world_size) + p.padding_bound(world_size):
+                    if gathered[key] > 1:
                         why = f"gathered {gathered[key]} times in {c.phase}, once needed"
                 if why is None:
                     figures["frozen_comm_bytes_needed"] += x.nbytes
