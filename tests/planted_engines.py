@@ -14,32 +14,37 @@ def _frozen(wrapped: Wrapped) -> list[torch.nn.Parameter]:
     return [p for p in wrapped.model.parameters() if not p.requires_grad]
 
 
-def megatron_ddp_with_state_for_frozen(model, spec) -> Wrapped:
-    """Its optimizer step makes a momentum buffer for every frozen parameter too."""
-    wrapped = megatron_ddp.wrap(model, spec)
-    optimizer, real_step = wrapped.keep[0], wrapped.train.step
-
-    def step() -> None:
-        real_step()
-        for p in _frozen(wrapped):
-            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-
-    wrapped.train.step = step
-    return wrapped
-
-
-def megatron_ddp_gathering_frozen_after_step(model, spec) -> Wrapped:
-    """After every optimizer step it all-gathers every frozen parameter (which never changes)."""
+def _stepping_then(model, spec, after) -> Wrapped:
+    """Megatron-core DDP whose optimizer step is followed by `after(wrapped)`."""
     wrapped = megatron_ddp.wrap(model, spec)
     real_step = wrapped.train.step
 
     def step() -> None:
         real_step()
-        for p in _frozen(wrapped):
-            dist.all_gather([torch.empty_like(p) for _ in range(dist.get_world_size())], p.detach())
+        after(wrapped)
 
     wrapped.train.step = step
     return wrapped
+
+
+def _state_for_frozen(wrapped: Wrapped) -> None:
+    for p in _frozen(wrapped):
+        wrapped.keep[0].state[p]["momentum_buffer"] = torch.zeros_like(p)  # keep[0]: its optimizer
+
+
+def _gather_frozen(wrapped: Wrapped) -> None:
+    for p in _frozen(wrapped):
+        dist.all_gather([torch.empty_like(p) for _ in range(dist.get_world_size())], p.detach())
+
+
+def megatron_ddp_with_state_for_frozen(model, spec) -> Wrapped:
+    """Its optimizer step makes a momentum buffer for every frozen parameter too."""
+    return _stepping_then(model, spec, _state_for_frozen)
+
+
+def megatron_ddp_gathering_frozen_after_step(model, spec) -> Wrapped:
+    """After every optimizer step it all-gathers every frozen parameter (which never changes)."""
+    return _stepping_then(model, spec, _gather_frozen)
 
 
 def megatron_ddp_reducing_frozen_grads(model, spec) -> Wrapped:
