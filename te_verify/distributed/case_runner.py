@@ -188,7 +188,7 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
                                 lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch))
         else:
             out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
-        counter.phase = "step"  # whatever runs after backward returns (an engine's step: training.train_steps)
+        counter.phase = "step"  # whatever runs after backward returns (an engine's optimizer step: _train_steps)
         if observe:
             timeline.mark("backward_end", -1)
         set_phase(probes, "idle")
@@ -226,7 +226,8 @@ def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: t
 
 def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:
     """One whole unobserved iteration (the retention check's later steps)."""
-    run_iteration(wrapped.module, wrapped.train, inputs.x, inputs.grad_output, microbatches(spec), lambda phase, microbatch: None)
+    run_iteration(wrapped.module, wrapped.train, inputs.x, inputs.grad_output, microbatches(spec),
+                  lambda phase, microbatch: None)
     wrapped.train.step()
 
 

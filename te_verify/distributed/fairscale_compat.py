@@ -3,8 +3,9 @@
 fairscale 0.4.13 calls CUDA stream APIs unconditionally (`torch.cuda.stream(self._streams["all_gather"])`,
 `current_stream()`, `record_stream`), so on a CPU-only torch its first forward raises KeyError 'all_gather'.
 The layer gives fairscale's FSDP module a `torch` whose `cuda` streams are no-ops (CPU ops run in program
-order, so stream ordering has nothing to enforce) and whose other CUDA calls raise (compat.cuda_stand_in), makes `Tensor.record_stream` a no-op, and sets
-ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo rejects the 2-D input fairscale passes to `_reduce_scatter_base`).
+order, so stream ordering has nothing to enforce) and whose other CUDA calls raise (compat.cuda_stand_in), makes
+`Tensor.record_stream` a no-op, and sets ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo rejects the 2-D input fairscale
+passes to `_reduce_scatter_base`).
 It is version-guarded: any other fairscale version is refused rather than patched blindly. One FSDP unit
 per layer, because flatten_parameters needs uniform requires_grad per unit.
 """
