@@ -196,8 +196,9 @@ def case(request: pytest.FixtureRequest) -> CaseRun:
         if not ok:
             pytest.skip(f"backend {run.backend_name} unavailable: {reason}")
     trainer = engine(run.backend_name) if run.backend is None else None
-    if trainer is not None and trainer.unavailable():
-        pytest.skip(f"engine {run.backend_name} unavailable: {trainer.unavailable()}")
+    missing = trainer.unavailable() if trainer is not None else None
+    if missing:
+        pytest.skip(f"engine {run.backend_name} unavailable: {missing}")
     return run
 
 

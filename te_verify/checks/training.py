@@ -3,9 +3,8 @@
 - params_after_steps: on every rank, after each optimizer step, every trainable parameter equals single-process
   eager SGD's after the same number of steps on the global batch (within the case's tolerance), and every frozen
   parameter is bitwise what it was built as. A missing step fails.
-- engine_state: per rank and category (optimizer state, master copy, grad buffer: distributed.training.CATEGORIES)
-  the bytes the engine holds are at most what the trainable parameters need (their elements x the category's
-  elements per element x the state's element size; a rank's share where the engine shards the category) plus the
+- engine_state: per rank and category (optimizer state, master copy, grad buffer: MADE_IN's keys) the bytes the
+  engine holds are at most what the trainable parameters need (their elements x the state's element size; a rank's share where the engine shards the category) plus the
   padding the engine's layout may add. A surplus is room kept for frozen parameters; the message names which frozen
   parameters its size matches, and the phase that made it (the optimizer's step for its state; the wrap for buffers).
 """
@@ -62,7 +61,7 @@ def engine_state(case_id: str, backend: str, ranks: dict[int, dict[str, StateByt
     problems, figures = [], {}
     for rank, categories in sorted(ranks.items()):
         for category, held in sorted(categories.items()):
-            need = trainable * held.per_element * element_size
+            need = trainable * element_size
             if held.sharded:
                 need = math.ceil(need / world_size)
             figures[f"{category}_bytes"] = max(figures.get(f"{category}_bytes", 0), held.nbytes)
@@ -73,7 +72,7 @@ def engine_state(case_id: str, backend: str, ranks: dict[int, dict[str, StateByt
             scale = world_size if held.sharded else 1  # a sharded surplus is a rank's share of the frozen room
             problems.append(f"rank {rank}: {category} holds {held.nbytes:,} B, the trainable parameters need "
                             f"{need:,} B (+{held.slack:,} B padding at most), made in {MADE_IN[category]}"
-                            + explain_surplus(_as_state(frozen, held.per_element, element_size), surplus * scale,
+                            + explain_surplus(_as_state(frozen, element_size), surplus * scale,
                                               held.slack * scale))
     if not problems:
         return Verdict("engine_state", True, figures=figures)
@@ -81,6 +80,6 @@ def engine_state(case_id: str, backend: str, ranks: dict[int, dict[str, StateByt
                    + "; ".join(problems), figures)
 
 
-def _as_state(frozen: list[ParamInfo], per_element: int, element_size: int) -> list[ParamInfo]:
-    """The frozen parameters as the state room each would take (its elements x per_element at element_size)."""
-    return [ParamInfo(p.name, (math.prod(p.shape) * per_element,), element_size, False, p.unit) for p in frozen]
+def _as_state(frozen: list[ParamInfo], element_size: int) -> list[ParamInfo]:
+    """The frozen parameters as the state room each would take (its elements at element_size)."""
+    return [ParamInfo(p.name, (math.prod(p.shape),), element_size, False, p.unit) for p in frozen]

@@ -12,7 +12,7 @@ optimizer state and the state of frozen parameters is observable.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import torch
@@ -24,8 +24,6 @@ from te_verify.spec import CaseSpec
 ITERATIONS = 2
 LR = 0.1
 MOMENTUM = 0.9
-# What an engine keeps besides the model's own parameters, by category (StateBytes).
-CATEGORIES = ("optimizer_state", "master", "grad_buffer")
 
 
 def sgd(params) -> torch.optim.SGD:
@@ -35,14 +33,13 @@ def sgd(params) -> torch.optim.SGD:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes one rank holds in one category of engine state, and whether the engine shards that category."""
+    """Bytes one rank holds in one category of engine state (one fp32 element per trainable element: SGD's momentum,
+    a master copy, a gradient), and whether the engine shards that category."""
 
     # Bytes held by this rank.
     nbytes: int
     # Sharded over the data-parallel ranks (a rank needs its share of the trainable parameters' room only).
     sharded: bool
-    # Elements per trainable element the category needs (SGD with momentum keeps 1 buffer; a master copy 1).
-    per_element: int = 1
     # Bytes of padding the engine's layout may add beyond that (bucket alignment), as its file documents.
     slack: int = 0
 
@@ -57,12 +54,10 @@ class TrainStep:
     finish: Callable[[], None]
     # The optimizer step, and gradients zeroed for the next iteration.
     step: Callable[[], None]
-    # What the engine holds per category now, on this rank (CATEGORIES); read after a step.
+    # What the engine holds per category now, on this rank (checks.training.MADE_IN's keys); read after a step.
     state: Callable[[], dict[str, StateBytes]]
     # Context for a microbatch whose gradients must not be synchronised yet (Megatron's no_sync); None: none.
     no_sync: Callable[[], ContextManager] | None = None
-    # Bytes of fp32 element per trainable element's state (the engine's state dtype).
-    state_element_size: int = 4
 
 
 def default_backward(out: torch.Tensor, cotangent: torch.Tensor) -> None:
@@ -71,18 +66,6 @@ def default_backward(out: torch.Tensor, cotangent: torch.Tensor) -> None:
 
 def microbatches(spec: CaseSpec) -> int:
     return int(dict(spec.dist.options).get("microbatches", 1)) if spec.dist is not None else 1
-
-
-@dataclass
-class Iteration:
-    """What one rank saw in one iteration."""
-
-    # The forward output of the rank's shard (microbatches concatenated).
-    output: torch.Tensor
-    # Full gradients after finish, by qualified name (first iteration only: later ones are judged by the parameters).
-    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    # Full parameters after the step, by qualified name.
-    params: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
 
 def run_iteration(module: Callable, train: TrainStep, x: torch.Tensor, cotangent: torch.Tensor, chunks: int,
@@ -117,6 +100,14 @@ def eager_trajectory(spec: CaseSpec, iterations: int = ITERATIONS) -> list[dict[
         opt.step()
         after.append({name: p.detach().clone() for name, p in model.named_parameters()})
     return after
+
+
+def load_te() -> None:
+    """Megatron's packages import transformer_engine wherever it is installed: TE's Python over the active --te-impl
+    (on a CPU rank, the tex emulation) is loaded first, as the TE lane loads it."""
+    from te_verify import te_api
+
+    te_api.active().api
 
 
 def te_stack(model: nn.Sequential, spec: CaseSpec) -> nn.Sequential:

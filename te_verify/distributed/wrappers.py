@@ -198,11 +198,12 @@ WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
 
 
 def wrap(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
-    from te_verify.distributed.engines import ENGINES, engine
+    from te_verify.distributed.engines import engine
+    from te_verify.spec import WRAPPERS as ALL_WRAPPERS  # the built-in wrappers and the engines
 
     trainer = engine(spec.dist.wrapper) if spec.dist is not None else None
     if trainer is not None:
         return trainer.wrap(model, spec)
     if spec.dist is None or spec.dist.wrapper not in WRAPPERS:
-        raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted([*WRAPPERS, *ENGINES])}")
+        raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted(ALL_WRAPPERS)}")
     return WRAPPERS[spec.dist.wrapper](model, spec)

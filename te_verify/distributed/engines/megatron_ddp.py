@@ -28,7 +28,7 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, TrainStep, default_backward, sgd, te_stack
+from te_verify.distributed.training import StateBytes, TrainStep, default_backward, load_te, sgd, te_stack
 from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, param_tensors, units_of, \
     value_of
 from te_verify.spec import CaseSpec
@@ -45,14 +45,6 @@ def cpu_step() -> None:
     if version != SUPPORTED:
         raise WrapperError(f"megatron-core {version}: te_verify's CPU step is written for {SUPPORTED} only")
     confine("megatron.core.distributed.param_and_grad_buffer", ("current_device",), CPU_STEP)
-
-
-def load_te() -> None:
-    """megatron.core imports transformer_engine wherever it is installed: TE's Python over the active --te-impl
-    (on a CPU rank, the tex emulation) is loaded first, as the TE lane loads it."""
-    from te_verify import te_api
-
-    te_api.active().api
 
 
 @functools.lru_cache(maxsize=None)

@@ -51,7 +51,7 @@ from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, TrainStep, default_backward, microbatches, sgd
+from te_verify.distributed.training import StateBytes, TrainStep, default_backward, load_te, microbatches, sgd
 from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, units_of
 from te_verify.spec import CaseSpec
 
@@ -97,14 +97,6 @@ def cpu_step() -> None:
     confine("megatron_fsdp.param_and_grad_buffer", ("current_stream", "stream", "empty_cache"), CPU_STEP)
     uneven = confine("megatron_fsdp.uneven_dtensor", (), CPU_STEP)
     uneven.torch.tensor = host_tensor
-
-
-def load_te() -> None:
-    """megatron_fsdp imports transformer_engine wherever it is installed: TE's Python over the active --te-impl
-    (on a CPU rank, the tex emulation) is loaded first, as the TE lane loads it."""
-    from te_verify import te_api
-
-    te_api.active().api
 
 
 def host_tensor(*args, **kwargs) -> torch.Tensor:
