@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from te_verify import compat
 from te_verify.distributed.pool import RankPool
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix_dist import MIDDLE, _spec
@@ -39,6 +40,7 @@ def test_clean_megatron_ddp_passes_every_check_over_two_steps(pool, te):
     assert not _failed(verdicts), {k: verdicts[k].message for k in _failed(verdicts)}
     assert {"params_after_steps", "engine_state", "frozen_collectives", "gradient_volume"} <= set(verdicts)
     assert verdicts["params_after_steps"].figures["steps_compared"] == 2
+    assert any(step.startswith("megatron-core-cpu-device") for step in compat.APPLIED)  # the header lists it
     assert verdicts["engine_state"].figures["grad_buffer_bytes"] == verdicts["engine_state"].figures[
         "grad_buffer_bytes_needed"]  # no room for frozen 1.weight, 1.bias
 

@@ -286,8 +286,9 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
     if spec.dist.wrapper == "fairscale_fsdp" and pool.device == "cpu":
         record(FAIRSCALE_STEP)  # applied inside the ranks; the report header is written here
     trainer = engine(spec.dist.wrapper)
-    for step in (trainer.cpu_steps if trainer is not None and pool.device == "cpu" else ()):
-        record(step)
+    if trainer is not None:  # applied inside the ranks; the report header is written here
+        for step in trainer.steps + (trainer.cpu_steps if pool.device == "cpu" else ()):
+            record(step)
     wrap = wrap or REGISTERED.get(spec.dist.wrapper)  # a user's declared wrapper, loaded again in each rank
     result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool))
     figures.update(rank_peaks(result))

@@ -25,6 +25,8 @@ class Engine:
     reshards_after_forward: Callable[[CaseSpec], bool]
     # The CPU steps its wrap applies on a CPU rank (compat.cuda_stand_in), for the report header written by the caller.
     cpu_steps: tuple[str, ...] = ()
+    # Compatibility steps its wrap applies on every device (listed in the report header too).
+    steps: tuple[str, ...] = ()
     # The package it imports (its cases skip, naming it, where it is not installed).
     package: str = ""
     # spec -> gradient reductions per iteration by design: 1, or one per microbatch where the engine keeps only its

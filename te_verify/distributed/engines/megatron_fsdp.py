@@ -258,4 +258,5 @@ def slack(bufs: list, world: int) -> int:
 
 ENGINE = Engine("megatron_fsdp", wrap, shards=lambda spec: strategy_of(spec) == "optim_grads_params",
                 reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params", cpu_steps=(CPU_STEP,),
+                steps=(CONFIG_STEP,),
                 package="megatron_fsdp", reductions=lambda spec: microbatches(spec) if reduces_each_microbatch(spec) else 1)
