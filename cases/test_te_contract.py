@@ -1,9 +1,12 @@
 """Contract (seed 002): per module kind x config, what backward returns for a weight (wgrad / None / dummy),
-main_grad accumulated exactly once per microbatch over 2 and 3 microbatches, no autograd accumulation copy.
+main_grad accumulated exactly once per microbatch over 2 and 3 microbatches, no autograd accumulation copy; then the
+optimizer steps on main_grad (Megatron's protocol) and the parameters after every step equal eager's.
 """
 from te_verify.backends.eager import EagerBackend
+from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
-from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.backends.te_eager import skip_unsupported
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import contract_specs as SPECS  # noqa: F401
@@ -16,10 +19,13 @@ LANE = "te"
 
 def test_te_contract(case):
     spec = case.spec
-    got = run_te(case, run_microbatches)
+    skip_unsupported(case)
     ref = run_microbatches(spec, EagerBackend())
+    got = run_te(case, run_microbatches, follow=ref)
     tol = tolerance_for(spec, case.backend_name)
-    case.require([return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, tol),
+    case.require([ending(spec.id, case.backend_name, ref, got),
+                  return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, tol),
                   output_parity(spec.id, case.backend_name, output_reference(spec, run_microbatches), got, tol),
+                  params_after_steps(spec.id, case.backend_name, ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])

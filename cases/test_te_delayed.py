@@ -3,20 +3,24 @@ equals the same backend without delay_wgrad_compute bitwise (TE's own delay-wgra
 and the contract holds (backward returns None; backward_dw accumulates into .grad, TE issue 3437). The gradients
 are also held to eager's (FP8 cases to the reference on the same FP8 operands, as te_fp8's), since a wgrad wrong the
 same way with and without delay passes the bitwise comparison: `grad_parity` after the first microbatch (each wgrad
-is right) and, over 2-3 microbatches, `grad_accumulation` after the last (they add up as eager's do).
+is right) and, over 2-3 microbatches, `grad_accumulation` after the last (they add up as eager's do), in every
+training iteration, and `params_after_steps` after every optimizer step. Later microbatches reuse the FP8 weight copy
+of the first (TE's is_first_microbatch, as Megatron passes it), and an optimizer step must refresh it.
 Tied weights (TE issue 3437) are cases of this family; the reference's behaviour is in tests/test_te_delayed_wgrad.py.
 """
 import dataclasses
 
 from te_verify.backends.eager import EagerBackend
+from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
-from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.backends.te_eager import skip_unsupported
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import fp8_grad_parity, output_reference, run_te
+from te_verify.te_case import fp8_judged_against, output_reference, run_te
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -29,27 +33,35 @@ REASSOCIATED = DTYPE_TOLERANCES["fp32"]
 
 def test_te_delayed(case):
     spec = case.spec
-    got = run_te(case, run_microbatches)
+    skip_unsupported(case)
+    eager = run_microbatches(spec, EagerBackend())
+    quantized = output_reference(spec, run_microbatches, backend=case.backend) if spec.te.recipe else None
+    judged = quantized or eager  # every run of the case starts each later iteration from its parameters
     undelayed = spec.replace(te=dataclasses.replace(spec.te, delay_wgrad=False))
-    ref = run_microbatches(undelayed, case.backend)
+    ref = run_microbatches(undelayed, case.backend, follow=judged)
+    got = run_te(case, run_microbatches, follow=judged)
     grads = REASSOCIATED if spec.te.tied else BITWISE
-    case.require([return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, grads),
-                  *vs_eager(case, got),
+    case.require([ending(spec.id, case.backend_name, judged, got),
+                  return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, grads),
+                  *vs_eager(case, got, eager, quantized),
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])
 
 
-def vs_eager(case, got) -> list:
-    """grad_parity after the first microbatch; grad_accumulation after the last, where there are several."""
+def vs_eager(case, got, eager, quantized) -> list:
+    """grad_parity after the first microbatch and, over 2-3 microbatches, grad_accumulation after the last, each
+    iteration's; the parameters after every optimizer step (params_after_steps); FP8 against the reference on the
+    same FP8 operands (te_case.fp8_judged_against)."""
     spec, name = case.spec, case.backend_name
-    eager = run_microbatches(spec, EagerBackend())
-    if spec.te.recipe is None:
-        compare = lambda k: grad_parity(spec.id, name, eager, got, tolerance_for(spec, name), k)
+    if quantized is None:
+        ref, tol, bound = eager, tolerance_for(spec, name), None
     else:
-        quantized = output_reference(spec, run_microbatches, backend=case.backend)
-        compare = lambda k: fp8_grad_parity(case, got, quantized, eager, run_microbatches, k)
-    verdicts = [compare(0)]
-    if spec.te.microbatches > 1 and len(got.grads) > 1:
-        verdicts.append(dataclasses.replace(compare(-1), check="grad_accumulation"))
+        ref, tol, bound = fp8_judged_against(case, got, quantized, eager, run_microbatches)
+    several = spec.te.microbatches > 1
+    verdicts = [grad_parity(spec.id, name, ref, got, tol, 0 if several else -1, bound),
+                params_after_steps(spec.id, name, ref, got, tol, bound)]
+    if several and len(got.grads) > 1:
+        verdicts.append(dataclasses.replace(grad_parity(spec.id, name, ref, got, tol, bound=bound),
+                                            check="grad_accumulation"))
     return verdicts

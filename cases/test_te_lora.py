@@ -13,7 +13,8 @@ from te_verify.matrix_te import te_lora_specs as SPECS  # noqa: F401
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
 from te_verify.reference.microbatch import run_mean_reduced
 from te_verify.runner import run_case, run_fp64_eager
-from te_verify.te_case import fp8_grad_parity, output_reference, run_te
+from te_verify.backends.te_eager import skip_unsupported
+from te_verify.te_case import fp8_value_verdicts, output_reference, run_te
 
 FAMILY = "te_lora"
 LANE = "te"
@@ -21,21 +22,22 @@ LANE = "te"
 
 def with_adapter_gemms(runner):
     """The lane's probes plus aten's GEMMs outside tex calls (the adapters' torch Linears)."""
-    return lambda spec, backend, probes: runner(spec, backend, [*probes, AtenGemmOutsideTex()])
+    return lambda spec, backend, probes, **kw: runner(spec, backend, [*probes, AtenGemmOutsideTex()], **kw)
 
 
 def test_te_lora(case):
     spec = case.spec
     fp8 = spec.te.recipe is not None
     runner = run_mean_reduced if fp8 else run_case
-    got = run_te(case, with_adapter_gemms(runner))
+    skip_unsupported(case)
     ref = runner(spec, EagerBackend())
-    tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, run_fp64_eager(spec))
+    quantized = output_reference(spec, backend=case.backend) if fp8 else None
+    got = run_te(case, with_adapter_gemms(runner), follow=quantized or ref)
+    tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, run_fp64_eager(spec, ref))
     case.figures["tolerance"] = tol.source
     verdicts = case.standard_verdicts(ref, got, tol)
-    if fp8:  # outputs and gradients against the reference on the same FP8 operands (te_case), as the TE lane does
-        quantized = output_reference(spec, backend=case.backend)
-        verdicts = [v for v in verdicts if v.check not in ("output_parity", "grad_parity")]
+    if fp8:  # outputs, gradients and parameters against the reference on the same FP8 operands (te_case)
+        verdicts = [v for v in verdicts if v.check not in ("output_parity", "replay", "grad_parity", "params_after_steps")]
         verdicts += [output_parity(spec.id, case.backend_name, quantized, got, tol),
-                     fp8_grad_parity(case, got, quantized, ref)]
+                     *fp8_value_verdicts(case, got, quantized, ref)]
     case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got)])

@@ -6,20 +6,21 @@ message TE raised. thunder_te is held to te_eager: it must end the same way (sam
 pass, or equal gradients after every pass); its maintainers asked for exactly that (thunder issue 701). Every row
 carries the waste figures (checks.te_waste): each replay repeats exactly the required backward GEMMs. The
 gradients of the last pass both runs completed are also the grad_parity check's (beside a replay gap, a wrong
-first pass still fails), FP8 ones against the reference on the same FP8 operands (checks.fp8_tolerance).
+first pass still fails). FP8 replays and gradients are held to the reference on the same FP8 operands
+(checks.fp8_tolerance), not TE's dtype table.
 """
 from te_verify.backends.eager import EagerBackend
-from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
-from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_grad_parity, output_reference, run_te
+from te_verify.te_case import fp8_value_verdicts, output_reference, run_te
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -27,17 +28,19 @@ LANE = "te"
 
 def test_te_replay(case):
     spec = case.spec
-    got = run_te(case)
+    skip_unsupported(case)
     ref = run_mean_reduced(spec, EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend())
     quantized = output_reference(spec, backend=case.backend)
     outputs_ref = quantized if case.backend_name == "te_eager" else ref
     tol = tolerance_for(spec, case.backend_name)
-    grads = (fp8_grad_parity(case, got, quantized, ref) if spec.te.recipe
-             else grad_parity(spec.id, case.backend_name, ref, got, tol))
+    got = run_te(case, follow=quantized if spec.te.recipe else ref)
+    values = (fp8_value_verdicts(case, got, quantized, ref) if spec.te.recipe
+              else [replay_semantics(spec.id, case.backend_name, ref, got, tol),
+                    grad_parity(spec.id, case.backend_name, ref, got, tol),
+                    params_after_steps(spec.id, case.backend_name, ref, got, tol)])
     case.require([ending(spec.id, case.backend_name, ref, got),
-                  replay_semantics(spec.id, case.backend_name, ref, got, tol),
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
-                  grads,
+                  *values,
                   *leftover_verdicts(spec.id, case.backend_name, ref, got),
                   *te_waste(spec.id, case.backend_name, spec, got)])

@@ -11,7 +11,7 @@ from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
-from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.tolerances import Tolerance, TruthBound, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
@@ -39,9 +39,11 @@ class CaseRun:
     def __repr__(self) -> str:
         return f"CaseRun({self.backend_name}, {self.spec.id})"
 
-    def run(self, backend: Backend | None = None, probes: Iterable[Probe] = (), spec: CaseSpec | None = None) -> Record:
-        """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once."""
-        return run_case(spec or self.spec, backend or self.backend, probes)
+    def run(self, backend: Backend | None = None, probes: Iterable[Probe] = (), spec: CaseSpec | None = None,
+            follow: Record | None = None) -> Record:
+        """Run a spec (default: this case's) on a backend (default: the one under test), preparing it once, following
+        `follow` from the second iteration on (runner.Trainer)."""
+        return run_case(spec or self.spec, backend or self.backend, probes, follow=follow)
 
     def standard_verdicts(self, ref: Record, got: Record, tol: Tolerance | None = None,
                           bound: TruthBound | None = None) -> list[Verdict]:
@@ -53,6 +55,7 @@ class CaseRun:
             output_parity(case_id, name, ref, got, tol, bound),
             grad_presence(case_id, name, ref, got),
             grad_parity(case_id, name, ref, got, tol, bound=bound),
+            params_after_steps(case_id, name, ref, got, tol, bound),
             state_left_behind(case_id, name, ref, got, tol),
             *leftover_verdicts(case_id, name, ref, got),
         ]
@@ -65,9 +68,9 @@ class CaseRun:
         if ref.error is not None and ref.error_pass == 0:  # the harness could not build or prepare the case
             raise RuntimeError(f"{self.spec.id}: the eager reference raised before the measured forward: "
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
-        got = self.run(probes=default_probes(self.backend_name, family))
+        got = self.run(probes=default_probes(self.backend_name, family), follow=ref)
         self.figures.update(got.figures)
-        truth = run_fp64_eager(self.spec)
+        truth = run_fp64_eager(self.spec, follow=ref)
         if family:  # attention and norms: eager's elementwise deviation from fp64, doubled (see tolerances.py)
             tol, bound = derived_tolerance(self.spec, ref, truth), None
             waste = family_waste_verdicts(self.spec, got, ref, self.backend_name)

@@ -9,6 +9,9 @@ entry. Otherwise it fails, and the message says why, check by check:
   covered check's problem with an element no entry covering the check names (a gap blinds only its elements);
 - an entry's check that passed: UNEXPECTED PASS, naming the entry (xfail entries are strict);
 - an entry's check failing without its text: FAILED DIFFERENTLY.
+A check that observed nothing because of another check's outcome (Verdict.blocked_by: the run ended early, which is
+`ending`'s) is covered by the gap covering that check: a raise recorded as a gap leaves what later steps would show
+unobserved, never passed.
 A case with no entry passes iff every check passed.
 """
 from __future__ import annotations
@@ -35,6 +38,8 @@ class CheckResult:
     message: str
     # The failure itemized per element, where the check itemizes (Verdict.problems); () otherwise.
     problems: tuple[str, ...] = ()
+    # The check whose outcome left this one nothing to observe (Verdict.blocked_by), where every failure of it says so.
+    blocked_by: str | None = None
 
 
 @dataclass
@@ -57,8 +62,13 @@ def check_results(verdicts: Iterable[Verdict]) -> dict[str, CheckResult]:
     for verdict in verdicts:
         grouped.setdefault(verdict.check, []).append(verdict)
     return {name: CheckResult(name, all(v.ok for v in vs), "\n".join(v.message for v in vs if not v.ok),
-                              tuple(p for v in vs if not v.ok for p in v.problems))
+                              tuple(p for v in vs if not v.ok for p in v.problems), _blocked_by(vs))
             for name, vs in grouped.items()}
+
+
+def _blocked_by(verdicts: list[Verdict]) -> str | None:
+    blockers = {v.blocked_by for v in verdicts if not v.ok}
+    return blockers.pop() if len(blockers) == 1 else None
 
 
 def _entry_text(entry: Expectation) -> str:
@@ -100,6 +110,8 @@ def _beside_elements(entries: list[Expectation], result: CheckResult) -> list[st
 def judge(entries: list[Expectation], results: dict[str, CheckResult]) -> Judgement:
     """The case's outcome from its checks' results and the xfail entries covering it (see the module docstring)."""
     covered = {name for entry in entries for name in entry.checks}
+    covered |= {r.name for r in results.values() if not r.ok and r.blocked_by in covered
+                and r.blocked_by in results and not results[r.blocked_by].ok}  # not observed because of a covered gap (e.g. its raise)
     beside = [r for r in results.values() if not r.ok and r.name not in covered]
     problems = [f"FAILED BESIDE A KNOWN GAP: check {r.name!r} failed:\n{r.message}" if entries else r.message
                 for r in beside]

@@ -1,7 +1,7 @@
 """Case generators for the training engines (distributed.engines): Megatron-core DDP, Megatron-FSDP, DeepSpeed ZeRO
 1-3, and TE's Linear with fuse_wgrad_accumulation under Megatron DDP.
 
-Every case takes ITERATIONS optimizer steps (distributed.training). The grids cross the linear-stack freeze masks
+Every case takes spec.iterations optimizer steps (te_verify.training). The grids cross the linear-stack freeze masks
 with each engine's options and microbatches; the pr tier is their pairwise cover (te_verify.selection). Left out,
 with reasons: all-frozen models (nothing to train: Megatron DDP and DeepSpeed refuse an optimizer with no
 parameter), bf16 (matrix_dist: a sharded bf16 reduction needs its own reference).

@@ -27,6 +27,21 @@ class TensorState:
 
 
 @dataclass
+class Step:
+    """What one training iteration leaves to be judged (te_verify.training), on the host."""
+
+    # The iteration, 1-based (1 is the probed one).
+    iteration: int
+    # Gradients after the iteration's last backward pass (or microbatch), before the optimizer step, by qualified
+    # parameter name (INPUT_GRAD for the input); None where the gradient is None.
+    grads: dict[str, torch.Tensor | None]
+    # Every parameter after the optimizer step, by qualified name.
+    params: dict[str, torch.Tensor]
+    # What each check of the step's own state reads (e.g. "fp8_state": FP8 scaling state after the step).
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Record:
     """The observable result of a run; checks are pure functions of records."""
 
@@ -34,8 +49,10 @@ class Record:
     backend: str
     # Forward output, detached (None if the forward raised).
     output: torch.Tensor | None = None
-    # Every forward output of the run, in order: warm-up steps, the measured forward, or each microbatch.
+    # Every forward output of the run, in order: warm-up steps, then each iteration's (each microbatch's).
     outputs: list[torch.Tensor] = field(default_factory=list)
+    # What each output is, for failure messages: "warm-up step 1", "iteration 2", "iteration 1, microbatch 2".
+    output_labels: list[str] = field(default_factory=list)
     # The model's parameters and buffers ("param:<name>", "buffer:<name>") before the backend ran and after the
     # last backward pass: what the run left behind (a backend must not write into them).
     state_before: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -46,13 +63,20 @@ class Record:
     # backend saw them and after the last backward pass: a backend must leave them as it found them.
     inputs_before: dict[str, TensorState] = field(default_factory=dict)
     inputs_after: dict[str, TensorState] = field(default_factory=dict)
-    # grads[k] = gradients after backward pass k+1, by qualified parameter name (INPUT_GRAD for the input);
-    # None where the gradient is None.
+    # grads[k] = gradients after backward pass k+1 (or microbatch k+1) of the first iteration, by qualified
+    # parameter name (INPUT_GRAD for the input); None where the gradient is None.
     grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    # Every training iteration that completed its optimizer step, in order (te_verify.training).
+    steps: list[Step] = field(default_factory=list)
+    # The learning rate its optimizer stepped with (training.first_step_lr; a run following a reference takes the
+    # reference's); None before the first step.
+    lr: float | None = None
     # The exception that ended the run early, if any.
     error: BaseException | None = None
-    # Where it was raised: 0 = building/preparing/forward, k >= 1 = k-th backward pass.
+    # Where it was raised: 0 = building/preparing/forward, k >= 1 = k-th backward pass (or microbatch) of the
+    # iteration `error_iteration` (1-based; 1 for a raise before the first optimizer step).
     error_pass: int | None = None
+    error_iteration: int = 1
     # Probe figures and backend figures (compilations, GEMM log summary, ...), JSON-serialisable.
     figures: dict[str, Any] = field(default_factory=dict)
     # Raw probe observations that checks read (e.g. GEMM events); not written to the report.
@@ -61,3 +85,17 @@ class Record:
     @property
     def passes_done(self) -> int:
         return len(self.grads)
+
+    def add_output(self, out: torch.Tensor, label: str, host: bool = False) -> torch.Tensor:
+        """Keep a detached copy of a forward output under `label` (on the host with `host`); returns the copy."""
+        kept = out.detach().to("cpu", copy=True) if host else out.detach().clone()
+        self.outputs.append(kept)
+        self.output_labels.append(label)
+        return kept
+
+    def output_label(self, k: int) -> str:
+        """The label of output k (0-based): "forward output (iteration 2)"."""
+        if len(self.outputs) == 1:
+            return "forward output"
+        label = self.output_labels[k] if k < len(self.output_labels) else f"{k + 1} of {len(self.outputs)}"
+        return f"forward output ({label})"

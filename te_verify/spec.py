@@ -23,6 +23,9 @@ WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fs
 USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
+# Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
+# optimizer steps moved and on FP8 scales two updates produced.
+ITERATIONS = 3
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,10 @@ class CaseSpec:
     # A model family other than the linear stack; None for the stack. Its widths are then (input, output)
     # features and its freezing is the family's (ModelConfig), not weight_frozen/bias_frozen.
     model: ModelConfig | None = None
+    # Training iterations (te_verify.training: forward, the backward passes, SGD with momentum), judged after every
+    # one: outputs, gradients and parameters. The first is the probed one. A distributed wrapper without an
+    # optimizer (DDP, FSDP, ...) takes one step; a training engine takes this many.
+    iterations: int = ITERATIONS
 
     def __post_init__(self) -> None:
         validate(self)
@@ -230,6 +237,8 @@ class CaseSpec:
         parts.append(f"r{self.replays}")
         if self.warmup_steps:
             parts.append(f"wu{self.warmup_steps}")
+        if self.iterations != ITERATIONS:  # suffix only off the default, so existing ids stay
+            parts.append(f"it{self.iterations}")
         if self.freeze_timing != "before":
             parts.append(self.freeze_timing.replace("_", ""))
         if self.te is not None:
@@ -363,6 +372,8 @@ def validate(spec: CaseSpec) -> None:
     _check(spec.dtype in DTYPES, f"dtype={spec.dtype!r}: expected one of {DTYPES}")
     _check(spec.replays >= 1, f"replays={spec.replays!r}: at least one backward pass")
     _check(spec.warmup_steps >= 0, f"warmup_steps={spec.warmup_steps!r}: cannot be negative")
+    _check(isinstance(spec.iterations, int) and spec.iterations >= 1,
+           f"iterations={spec.iterations!r}: at least one training iteration")
     _check(spec.freeze_timing in FREEZE_TIMINGS, f"freeze_timing={spec.freeze_timing!r}: expected one of {FREEZE_TIMINGS}")
     _check(len(spec.batch_shape) in (1, 2) and all(b > 0 for b in spec.batch_shape),
            f"batch_shape={spec.batch_shape!r}: expected (batch,) or (batch, seq) with positive sizes")

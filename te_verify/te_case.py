@@ -19,11 +19,12 @@ from te_verify.checks.fp8_tolerance import fp8_bound
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
-from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.checks.replay import replay_semantics
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_family import te_sites
 from te_verify.checks.te_waste import te_waste
-from te_verify.checks.tolerances import TruthBound, tolerance_for, truth_bound
+from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
 from te_verify.record import Record
@@ -93,19 +94,21 @@ class _Fp64EagerBackend(EagerBackend):
         return super().prepare(model.double(), spec)
 
 
-def high_precision_bound(spec: CaseSpec) -> TruthBound:
+def high_precision_bound(spec: CaseSpec, eager: Record) -> TruthBound:
     """What a high-precision TE stack case's outputs and gradients are held to, as the torch lane's
     (checks.tolerances.truth_bound): their normwise distance from the case's fp64 truth (eager on the same weights,
-    input and cotangent in fp64) within TRUTH_FACTOR of eager's, never under the floor."""
-    return truth_bound(spec, run_mean_reduced(spec, _Fp64EagerBackend(), dtype=torch.float64))
+    input and cotangent in fp64, following `eager`'s parameters from the second iteration on) within TRUTH_FACTOR of
+    eager's, never under the floor."""
+    return truth_bound(spec, run_mean_reduced(spec, _Fp64EagerBackend(), dtype=torch.float64, follow=eager))
 
 
-def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced) -> Record:
+def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced,
+                    follow: Record | None = None) -> Record:
     """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
     quantized at the same places by the same rules. FP8 gradients are bounded by their distance from it
     (checks.fp8_tolerance): accumulation noise, not quantization noise."""
     with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64):
-        return runner(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64)
+        return runner(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64, follow=follow)
 
 
 def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
@@ -118,27 +121,39 @@ def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
     return sorted(set(claimed) - set(te_sites(spec)))
 
 
-def fp8_grad_parity(case: CaseRun, got: Record, quantized: Record, eager: Record,
-                    runner: Callable = run_mean_reduced, pass_index: int = -1) -> Verdict:
-    """grad_parity of an FP8 case against `quantized` (output_reference's record for the case's backend: the same
-    operands quantized with the same scales), bounded by its fp64 truth (checks.fp8_tolerance), not by FP8's
-    quantization tolerance; where the run quantized linears the reference does not (beyond_reference), against
-    `eager` within the recipe's tolerance, the row saying why."""
+def fp8_judged_against(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                       runner: Callable = run_mean_reduced) -> tuple[Record, Tolerance, TruthBound | None]:
+    """What an FP8 case's gradients and parameters are held to: `quantized` (output_reference's record for the case's
+    backend: the same operands quantized with the same scales) within its fp64 truth's bound
+    (checks.fp8_tolerance), not FP8's quantization tolerance; where the run quantized linears the reference does not
+    (beyond_reference), `eager` within the recipe's tolerance, the row saying why."""
     spec, name = case.spec, case.backend_name
     tol = tolerance_for(spec, name)
     beyond = beyond_reference(spec, got)
     if beyond:
         case.figures["fp8_grad_reference"] = f"eager within {tol}: the run quantized {beyond}, not TE sites of the case"
-        return grad_parity(spec.id, name, eager, got, tol, pass_index)
-    truth = quantized_truth(spec, case.backend, runner)
-    return grad_parity(spec.id, name, quantized, got, tol, pass_index, fp8_bound(spec, truth))
+        return eager, tol, None
+    return quantized, tol, fp8_bound(spec, quantized_truth(spec, case.backend, runner, follow=quantized))
 
 
-def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:
-    """The case's run under the default probes; its figures and error go to the row; unclaimed runs skip; a run
-    that reached something the tex emulation does not emulate errors with that message (never passes)."""
+def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                       runner: Callable = run_mean_reduced) -> list[Verdict]:
+    """An FP8 case's gradients after every backward pass (replay) and every iteration (grad_parity), and its
+    parameters after every optimizer step, against fp8_judged_against's reference and bound (its fp64 truth computed
+    once): the same-quantization reference, not TE's dtype table."""
+    ref, tol, bound = fp8_judged_against(case, got, quantized, eager, runner)
+    spec, name = case.spec, case.backend_name
+    return [replay_semantics(spec.id, name, ref, got, tol, bound),
+            grad_parity(spec.id, name, ref, got, tol, bound=bound),
+            params_after_steps(spec.id, name, ref, got, tol, bound)]
+
+
+def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:
+    """The case's run under the default probes, following `follow` (the record it is judged against) from the second
+    iteration on; its figures and error go to the row; unclaimed runs skip; a run that reached something the tex
+    emulation does not emulate errors with that message (never passes)."""
     skip_unsupported(case)
-    got = runner(case.spec, case.backend, default_probes(case.backend_name))
+    got = runner(case.spec, case.backend, default_probes(case.backend_name), follow=follow)
     if isinstance(got.error, Unemulated):
         raise got.error
     case.figures.update(got.figures)
@@ -154,17 +169,19 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     None-ness, gradients, state left behind, what the step leaves besides values (checks.leftovers), and the TE
     lane's waste checks; raises AssertionError with every failure."""
     spec, name = case.spec, case.backend_name
-    got = run_te(case)
+    skip_unsupported(case)
     ref = run_mean_reduced(spec, EagerBackend())
     tol = tolerance_for(spec, name)
-    outputs_ref = output_reference(spec, backend=case.backend)
-    bound = high_precision_bound(spec) if spec.te.recipe is None else None
-    grads = (fp8_grad_parity(case, got, outputs_ref, ref) if spec.te.recipe is not None
-             else grad_parity(spec.id, name, ref, got, tol, bound=bound))
+    outputs_ref = output_reference(spec, backend=case.backend) if spec.te.recipe is not None else ref
+    got = run_te(case, follow=outputs_ref)
+    bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
+    training = (fp8_value_verdicts(case, got, outputs_ref, ref) if spec.te.recipe is not None
+                else [grad_parity(spec.id, name, ref, got, tol, bound=bound),
+                      params_after_steps(spec.id, name, ref, got, tol, bound)])
     return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
                          ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
-                         grads,
+                         *training,
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
                          *te_waste(spec.id, name, spec, got)])

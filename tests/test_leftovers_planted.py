@@ -52,7 +52,7 @@ def te_python():
 def test_output_in_another_dtype_fails_output_meta_only():
     failed = torch_lane(OutputInOtherDtype())
     assert set(failed) == {"output_meta"}, failed  # the values, compared in fp64, are eager's
-    assert "forward output: dtype torch.float64, expected torch.float32" in failed["output_meta"]
+    assert "forward output (iteration 1): dtype torch.float64, expected torch.float32" in failed["output_meta"]
 
 
 def test_gradient_in_another_dtype_fails_grad_meta_only():
@@ -64,10 +64,10 @@ def test_gradient_in_another_dtype_fails_grad_meta_only():
 
 def test_parameter_left_with_another_requires_grad_fails_requires_grad_left():
     failed = torch_lane(UnfreezesAfterForward())
-    # the next step then makes a gradient the first did not: memory_retained names it
-    assert set(failed) == {"requires_grad_left", "memory_retained"}, failed
+    # the next iteration then makes a gradient the first did not: grad_presence names it
+    assert set(failed) == {"requires_grad_left", "grad_presence"}, failed
     assert failed["requires_grad_left"].endswith("parameter 0.weight: requires_grad True after the run, expected False")
-    assert failed["memory_retained"].endswith("held by model.0.weight.grad")
+    assert "0.weight: has a gradient after iteration 2, expected None" in failed["grad_presence"]
 
 
 def test_input_written_after_the_forward_fails_inputs_left_only():
@@ -100,9 +100,9 @@ def _leftovers(verdicts: list[Verdict]) -> dict[str, Verdict]:
 def test_clean_eager_passes_every_leftover_check(spec):
     checks = _leftovers(CaseRun(spec, "eager", EagerBackend()).verify())
     assert set(checks) == LEFTOVERS and all(v.ok for v in checks.values())
-    assert checks["output_meta"].figures["output_meta_compared"] == 1 + spec.warmup_steps
+    assert checks["output_meta"].figures["output_meta_compared"] == spec.iterations + spec.warmup_steps
     assert checks["grad_meta"].figures["grad_meta_compared"] == 5 * spec.replays  # layers 1 and 3, the input
-    assert checks["inputs_left"].figures["inputs_compared"] == 2
+    assert checks["inputs_left"].figures["inputs_compared"] == 2 * spec.iterations  # every iteration's batch
     assert checks["memory_retained"].figures["retained_bytes"] == 0
 
 
@@ -129,7 +129,7 @@ def test_te_output_in_another_dtype_fails_output_meta(te_python):
     clean = te_lane(TEEagerBackend())  # a recorded gap of TE's (fp8_copies) fails beside it either way
     failed = te_lane(TEOutputInOtherDtype())
     assert set(failed) == set(clean) | {"output_meta"}, failed
-    assert "forward output: dtype torch.float64, expected torch.float32" in failed["output_meta"]
+    assert "forward output (iteration 1): dtype torch.float64, expected torch.float32" in failed["output_meta"]
 
 
 KEPT: list[torch.Tensor] = []  # the planted TE build's process-wide cache

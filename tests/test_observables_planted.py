@@ -39,23 +39,26 @@ def _failure(spec: CaseSpec, backend) -> str:
 
 def test_wrong_forward_output_with_exact_gradients_is_caught_by_output_parity_only():
     message = _failure(SPEC.replace(warmup_steps=1), WrongOutput())
-    assert "forward output 1 of 2: error vs the fp64 truth" in message  # the warm-up step's output
-    assert "forward output 2 of 2: error vs the fp64 truth" in message and "max abs err vs eager" in message
+    assert "forward output (warm-up step 1): error vs the fp64 truth" in message  # the warm-up step's output
+    for k in (1, 2, 3):  # every training iteration's
+        assert f"forward output (iteration {k}): error vs the fp64 truth" in message
+    assert "max abs err vs eager" in message
     assert "grad of" not in message  # every gradient is exact
 
 
 def test_forward_writing_into_a_frozen_parameter_is_caught_by_state_left_behind():
     message = _failure(SPEC, WritesFrozenBias())
     assert "param:0.bias after the run: max abs err" in message
-    assert "(written by the run; the reference leaves it unchanged)" in message
-    assert "rtol=0, atol=0" in message and "output" not in message and "grad of" not in message
+    assert "(written by the run; the reference leaves it unchanged)" in message and "rtol=0, atol=0" in message
+    assert "0.bias after step 1: changed, the reference left it as built" in message  # params_after_steps
+    assert "forward output (iteration 1)" not in message  # the first forward read the bias before writing it
 
 
 @pytest.mark.parametrize("spec", [SPEC, SPEC.replace(warmup_steps=1)], ids=["r1", "warmup1"])
 def test_clean_eager_passes_output_and_state_checks(spec):
     verdicts = CaseRun(spec, "eager", EagerBackend()).verify()
     figures = {k: v for verdict in verdicts for k, v in verdict.figures.items()}
-    assert figures["outputs_compared"] == 1 + spec.warmup_steps
+    assert figures["outputs_compared"] == spec.iterations + spec.warmup_steps
     assert figures["state_tensors_compared"] == 8
 
 
@@ -142,7 +145,8 @@ def test_te_lane_output_and_state_checks_read_microbatch_records():
     with te_api.using(te_api.resolve("reference")):
         got = run_microbatches(DELAYED, TEEagerBackend())
     tol = tolerance_for(DELAYED)
-    assert output_parity(DELAYED.id, "te_eager", ref, got, tol).figures["outputs_compared"] == 2
+    assert output_parity(DELAYED.id, "te_eager", ref, got, tol).figures["outputs_compared"] == 2 * DELAYED.iterations
     assert state_left_behind(DELAYED.id, "te_eager", ref, got, tol).ok
     got.outputs[1] = got.outputs[1] * 1.5
-    assert "forward output 2 of 2: max abs err" in output_parity(DELAYED.id, "te_eager", ref, got, tol).message
+    message = output_parity(DELAYED.id, "te_eager", ref, got, tol).message
+    assert "forward output (iteration 1, microbatch 2): max abs err" in message

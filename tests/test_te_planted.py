@@ -74,7 +74,7 @@ def test_te_raises_at_the_second_backward_where_thunder_te_completes():
     thunder = _run(REPLAY, ThunderTEBackend())
     verdict = ending(REPLAY.id, "thunder_te", te, thunder)  # how each run ended is the `ending` check's
     assert thunder.error is None and not verdict.ok
-    assert "completed 2 backward pass(es), but te_eager raised AttributeError at backward pass 2" in verdict.message
+    assert "completed 2 backward pass(es) and 3 iterations, but te_eager raised AttributeError at backward pass 2" in verdict.message
     assert "its 2nd pass added gradients" in verdict.message
     assert replay_semantics(REPLAY.id, "thunder_te", te, thunder, tolerance_for(REPLAY)).figures["replay_drift"] > 0
 

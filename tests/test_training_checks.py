@@ -14,7 +14,8 @@ from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.compat.cuda_stand_in import CudaPathError, confine
 from te_verify.distributed.observe import CollectiveCounter
-from te_verify.distributed.training import LR, StateBytes, eager_trajectory
+from te_verify.distributed.training import StateBytes, eager_trajectory
+from te_verify.training import LR
 from te_verify.matrix_dist import MIDDLE, _spec
 from te_verify.models import frozen_at_backward, make_inputs
 
@@ -25,7 +26,7 @@ PARAMS = [ParamInfo("0.weight", (32, 32), 4, True, 0), ParamInfo("0.bias", (32,)
 
 
 def test_eager_trajectory_is_sgd_on_the_global_batch_and_leaves_frozen_parameters_alone():
-    steps = eager_trajectory(SPEC, 2)
+    steps = eager_trajectory(SPEC.replace(iterations=2))
     model, inputs = frozen_at_backward(SPEC), make_inputs(SPEC)
     model(inputs.x.detach()).backward(inputs.grad_output)
     first = {n: p.detach() - LR * p.grad if p.requires_grad else p.detach() for n, p in model.named_parameters()}
@@ -45,7 +46,7 @@ def _after(steps, **changes):
 
 
 def test_params_after_steps_passes_equal_and_names_rank_step_and_parameter():
-    want = eager_trajectory(SPEC, 2)
+    want = eager_trajectory(SPEC.replace(iterations=2))
     frozen = {"1.weight", "1.bias"}
     assert params_after_steps("c", "e", want, {0: want, 1: want}, frozen, TOL).ok
     off = _after(want, **{"1__3_weight": lambda t: t * 1.01})

@@ -50,7 +50,7 @@ class Kind:
     build: Callable
     # Layers per module: 1, or 2 for the fused MLP.
     layers: int
-    # (module, 2-D rows) -> output rows.
+    # (module, 2-D rows, is_first_microbatch) -> output rows.
     call: Callable
     # The API name of the class it builds, as a skip reason names it when the --te-impl lacks it.
     needs: str
@@ -141,15 +141,20 @@ def _ops_class(name: str) -> Callable:
     return lambda api: getattr(api.ops, name, None) if api.ops is not None else None
 
 
+def _first_microbatch(module: torch.nn.Module, flag: bool | None) -> dict:
+    """is_first_microbatch for a module whose forward takes it, when the caller passes one."""
+    return {"is_first_microbatch": flag} if flag is not None and te_api.accepts(module.forward, "is_first_microbatch") else {}
+
+
 KINDS: dict[str, Kind] = {
-    "linear": Kind(_linear, 1, lambda m, x: m(x), "Linear", lambda api: api.Linear),
-    "grouped_linear": Kind(_grouped_linear, 1, lambda m, x: m(x, _splits(x, m.num_gemms)), "GroupedLinear",
-                           lambda api: api.GroupedLinear),
-    "ops_linear": Kind(_ops_linear, 1, lambda m, x: m(x), "ops.Linear", _ops_class("Linear"),
+    "linear": Kind(_linear, 1, lambda m, x, f: m(x, **_first_microbatch(m, f)), "Linear", lambda api: api.Linear),
+    "grouped_linear": Kind(_grouped_linear, 1, lambda m, x, f: m(x, _splits(x, m.num_gemms), **_first_microbatch(m, f)),
+                           "GroupedLinear", lambda api: api.GroupedLinear),
+    "ops_linear": Kind(_ops_linear, 1, lambda m, x, f: m(x), "ops.Linear", _ops_class("Linear"),
                        "accumulate_into_main_grad"),
-    "ops_grouped_linear": Kind(_ops_grouped_linear, 1, lambda m, x: m(x, _split_tensor(x, m.num_groups)),
+    "ops_grouped_linear": Kind(_ops_grouped_linear, 1, lambda m, x, f: m(x, _split_tensor(x, m.num_groups)),
                                "ops.GroupedLinear", _ops_class("GroupedLinear"), "accumulate_into_main_grad"),
-    "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x: m(x, [x.shape[0]]), "GroupedMLP", lambda api: api.GroupedMLP),
+    "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x, f: m(x, [x.shape[0]]), "GroupedMLP", lambda api: api.GroupedMLP),
 }
 
 
@@ -181,13 +186,15 @@ class TEStack(torch.nn.Module):
         self.layers = torch.nn.ModuleList(modules)
         self.kind, self.api, self.recipe = kind, api, recipe
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        """`is_first_microbatch` reaches every module that takes it (TE's Linear and GroupedLinear: True makes and
+        keeps the FP8 weight copy, False reuses it; None, the default, makes it anew every call)."""
         # No recipe: outside autocast, as a user running TE without FP8 would.
         with self.api.autocast(enabled=True, recipe=self.recipe) if self.recipe else contextlib.nullcontext():
             lead = x.shape[:-1]
             rows = x.reshape(-1, x.shape[-1])
             for layer in self.layers:
-                rows = self.kind.call(layer, rows)
+                rows = self.kind.call(layer, rows, is_first_microbatch)
         return rows.reshape(*lead, -1)
 
     def backward_dw(self) -> None:

@@ -12,8 +12,11 @@ from te_verify.record import Record
 
 def _describe(record: Record) -> str:
     if record.error is None:
-        return f"completed {record.passes_done} backward pass(es)"
+        steps = len(record.steps)
+        return f"completed {record.passes_done} backward pass(es)" + (f" and {steps} iterations" if steps > 1 else "")
     where = "before/at forward" if record.error_pass == 0 else f"at backward pass {record.error_pass}"
+    if record.error_iteration > 1:
+        where += f" of iteration {record.error_iteration}"
     return f"raised {type(record.error).__name__} {where}: {str(record.error).splitlines()[0][:200] if str(record.error) else ''}"
 
 
@@ -36,22 +39,28 @@ def _drift_note(record: Record) -> str:
 def ending_mismatch(ref: Record, got: Record) -> str | None:
     """None when both runs ended alike (both completed every pass, or raised the same class at the same pass);
     else what each did, e.g. "raised AttributeError at backward pass 2: ..., but eager completed 2 ..."."""
-    same = (ref.error is None and got.error is None) or (
+    same = (ref.error is None and got.error is None and len(ref.steps) == len(got.steps)) or (
         ref.error is not None and got.error is not None and type(ref.error) is type(got.error)
-        and ref.error_pass == got.error_pass)
+        and (ref.error_iteration, ref.error_pass) == (got.error_iteration, got.error_pass))
     if same:
         return None
     return f"{_describe(got)}, but {ref.backend} {_describe(ref)}" + (_drift_note(got) if ref.error is not None else "")
 
 
 def passes_compared(ref: Record, got: Record) -> int:
-    """How many backward passes both runs completed: the passes the gradient checks compare."""
+    """How many backward passes of the first iteration both runs completed: the passes the gradient checks compare."""
     return min(ref.passes_done, got.passes_done)
+
+
+def steps_compared(ref: Record, got: Record) -> int:
+    """How many training iterations both runs completed, optimizer step included."""
+    return min(len(ref.steps), len(got.steps))
 
 
 def ending(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
     """The run ended as the reference's: both completed every pass, or both raised the same class at the same pass."""
-    figures = {"passes_ref": ref.passes_done, "passes_got": got.passes_done}
+    figures = {"passes_ref": ref.passes_done, "passes_got": got.passes_done, "iterations_ref": len(ref.steps),
+               "iterations_got": len(got.steps)}
     mismatch = ending_mismatch(ref, got)
     if mismatch is None:
         return Verdict("ending", True, figures=figures)

@@ -12,16 +12,16 @@
 - inputs_left: the caller's tensors (the input x, the output cotangent; each microbatch's) are after the run what
   they were before the backend saw them: bitwise, and with the same dtype, shape, device, layout and requires_grad.
   The reference is not needed: no correct backend writes into its caller's tensors.
-- memory_retained: a second training step after the measured one grows live memory by nothing (probes.retention:
-  eager retains exactly the gradients, which the second step accumulates in place; first-use allocations belong to
-  the measured step).
+- memory_retained: the second training iteration (forward, backward, optimizer step) grows live memory by nothing
+  (probes.retention: eager's gradients are made and freed within it, SGD's momentum was made by the first step;
+  first-use allocations belong to the first iteration).
 """
 from __future__ import annotations
 
 import torch
 
-from te_verify.checks.ending import passes_compared
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.ending import ending_mismatch, passes_compared
+from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.record import INPUT_GRAD, Record, tensor_meta
 
 
@@ -40,9 +40,8 @@ def _verdict(check: str, case_id: str, backend: str, problems: list[str], figure
 def output_meta(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
     """Each forward output both runs produced has the reference's dtype, shape, device and layout."""
     problems = []
-    for k, (want, have) in enumerate(zip(ref.outputs, got.outputs), start=1):
-        label = "forward output" if len(ref.outputs) == 1 else f"forward output {k} of {len(ref.outputs)}"
-        problems += meta_problems(label, tensor_meta(want), tensor_meta(have))
+    for k, (want, have) in enumerate(zip(ref.outputs, got.outputs)):
+        problems += meta_problems(ref.output_label(k), tensor_meta(want), tensor_meta(have))
     return _verdict("output_meta", case_id, backend, problems,
                     {"output_meta_compared": min(len(ref.outputs), len(got.outputs))})
 
@@ -87,15 +86,22 @@ def inputs_left(case_id: str, backend: str, got: Record) -> Verdict:
     return _verdict("inputs_left", case_id, backend, problems, {"inputs_compared": len(got.inputs_after)})
 
 
-def memory_retained(case_id: str, backend: str, got: Record) -> Verdict:
-    """A second training step grows live memory by nothing (probes.retention). Not measured where the run ended
-    early (`ending` judges); a completed run without the measurement fails, since then nothing was judged."""
+def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None = None) -> Verdict:
+    """The second training iteration grows live memory by nothing (probes.retention). A run that ended before it
+    (`ending` says how) or ran without the measurement fails as not observed: nothing was judged."""
     seen = got.observations.get("retained")
     if seen is None:
+        if got.error is not None and ref is not None and ending_mismatch(ref, got) is None:
+            return Verdict("memory_retained", True, figures={"retained_bytes": None, "retained_compared": "nothing: "
+                                                             f"{ref.backend} ended the same way (ending)"})
         if got.error is not None:
-            return Verdict("memory_retained", True, figures={"retained_bytes": None})
-        return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: no second-step measurement (the "
-                                                 "run under test must run under the probes)")
+            return not_observed("memory_retained", case_id, backend, "the run ended before its second iteration "
+                                                                     "(ending says how)", {"retained_bytes": None})
+        return not_observed("memory_retained", case_id, backend, "no second-iteration measurement (the run under "
+                                                                 "test must run under the probes)", blocked_by=None)
+    if "error" in seen and got.error is not None and got.error_iteration == 2:
+        return not_observed("memory_retained", case_id, backend, f"the second iteration raised {seen['error']} "
+                                                                 "(ending says how the run ended)")
     if "error" in seen:
         return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step after the "
                                                  f"measured one raised {seen['error']}")
@@ -115,4 +121,4 @@ def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, seco
     lane's microbatch families)."""
     verdicts = [output_meta(case_id, backend, ref, got), grad_meta(case_id, backend, ref, got),
                 requires_grad_left(case_id, backend, ref, got), inputs_left(case_id, backend, got)]
-    return verdicts + ([memory_retained(case_id, backend, got)] if second_step else [])
+    return verdicts + ([memory_retained(case_id, backend, got, ref)] if second_step else [])

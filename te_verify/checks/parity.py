@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from te_verify.checks.ending import passes_compared
+from te_verify.checks.ending import passes_compared, steps_compared
 from te_verify.checks.tolerances import Tolerance, TruthBound
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.record import Record
 
 
@@ -91,19 +91,51 @@ def worst_errors(ref: dict, got: dict) -> tuple[float, float]:
     return max((e[0] for e in errs), default=0.0), max((e[1] for e in errs), default=0.0)
 
 
+def _later_steps(ref: Record, got: Record, truth: Record | None) -> list[tuple[str, dict, dict, dict | None]]:
+    """(label, ref grads, got grads, truth grads) of every iteration after the first that both runs completed."""
+    pairs = []
+    for k in range(1, steps_compared(ref, got)):
+        true = truth.steps[k].grads if truth is not None and len(truth.steps) > k else None
+        pairs.append((f"iteration {ref.steps[k].iteration}:", ref.steps[k].grads, got.steps[k].grads, true))
+    return pairs
+
+
+def compared_nothing(check: str, case_id: str, backend: str, ref: Record, got: Record) -> Verdict | None:
+    """The verdict of a check that found no backward pass both runs completed: passing when the reference has none
+    either (how each run ended is the `ending` check's), else failing: nothing was observed."""
+    if passes_compared(ref, got):
+        return None
+    if ref.passes_done == 0:
+        return Verdict(check, True, figures={"passes_compared": 0, "compared": "nothing: the reference completed no "
+                                                                             "backward pass (ending judges)"})
+    return not_observed(check, case_id, backend, f"the run completed no backward pass, {ref.backend} completed "
+                                                 f"{ref.passes_done} (ending says how it ended)", {"passes_compared": 0})
+
+
 def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1,
                 bound: TruthBound | None = None) -> Verdict:
-    """Compare the gradients after backward pass `pass_index` (default: the last one both runs completed; how each
-    run ended is the `ending` check's, so a raise at pass k leaves the passes before it compared)."""
+    """Compare the gradients after backward pass `pass_index` of the first iteration (default: the last one both
+    runs completed; how each run ended is the `ending` check's, so a raise at pass k leaves the passes before it
+    compared) and, by default, after every later iteration both completed (before its optimizer step)."""
+    nothing = compared_nothing("grad_parity", case_id, backend, ref, got)
+    if nothing is not None:
+        return nothing
     both = passes_compared(ref, got)
-    if both == 0:
-        return Verdict("grad_parity", True, figures={"passes_compared": 0})  # no pass to compare: `ending` judges
     index = both - 1 if pass_index == -1 else pass_index
-    ref_grads, got_grads = ref.grads[index], got.grads[index]
-    abs_err, rel_err = worst_errors(ref_grads, got_grads)
-    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol, "passes_compared": both}
-    truth = bound.truth.grads[index] if bound is not None and len(bound.truth.grads) > index else None
-    problems = grad_mismatches(ref_grads, got_grads, tol, "", truth, bound)
+    truth = bound.truth if bound is not None else None
+    true = truth.grads[index] if truth is not None and len(truth.grads) > index else None
+    label = "" if ref.steps[1:] == [] or pass_index != -1 else "iteration 1:"
+    compared = [(label, ref.grads[index], got.grads[index], true)]
+    if pass_index == -1:
+        compared += _later_steps(ref, got, truth)
+    problems, tensors, elements = [], 0, 0
+    for label, ref_grads, got_grads, true_grads in compared:
+        problems += grad_mismatches(ref_grads, got_grads, tol, label, true_grads, bound)
+        pairs = [(r, got_grads.get(n)) for n, r in ref_grads.items() if r is not None and got_grads.get(n) is not None]
+        tensors, elements = tensors + len(pairs), elements + sum(r.numel() for r, _ in pairs)
+    abs_err, rel_err = worst_errors(ref.grads[index], got.grads[index])
+    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol, "passes_compared": both,
+               "iterations_compared": len(compared), "grads_compared": tensors, "grad_elements_compared": elements}
     if bound is not None:
         figures["tolerance"] = bound.source
     if not problems:

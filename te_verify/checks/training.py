@@ -1,8 +1,11 @@
 """What a training engine's steps leave: its parameters after every step, and the state it keeps for them.
 
 - params_after_steps: on every rank, after each optimizer step, every trainable parameter equals single-process
-  eager SGD's after the same number of steps on the global batch (within the case's tolerance), and every frozen
-  parameter is bitwise what it was built as. A missing step fails.
+  eager SGD's after the same number of steps on the global batch, and every frozen parameter is bitwise what it was
+  built as. A missing step fails. Given eager SGD's trajectory in fp64 (`truth`), a parameter's normwise distance
+  from it may be at most the bound's factor times eager fp32's (never under its floor), as every value of the
+  single-process lanes is bounded (checks.tolerances.truth_bound): the engine's optimizer steps on gradients reduced
+  in another order, and over several steps that rounding compounds as eager's own does. Without it, the tolerance.
 - engine_state: per rank and category (optimizer state, master copy, grad buffer: MADE_IN's keys) the bytes the
   engine holds are at most what the trainable parameters need (their elements x the state's element size; a rank's share where the engine shards the category) plus the
   padding the engine's layout may add. A surplus is room kept for frozen parameters; the message names which frozen
@@ -15,8 +18,8 @@ import math
 import torch
 
 from te_verify.checks.collectives import ParamInfo, explain_surplus
-from te_verify.checks.parity import compare_tensor
-from te_verify.checks.tolerances import Tolerance
+from te_verify.checks.parity import compare_tensor, truth_problem
+from te_verify.checks.tolerances import Tolerance, TruthBound
 from te_verify.checks.verdict import Verdict
 from te_verify.distributed.training import StateBytes
 
@@ -27,8 +30,10 @@ MADE_IN = {"optimizer_state": "step (the optimizer's first step makes its state)
 
 def params_after_steps(case_id: str, backend: str, want: list[dict[str, torch.Tensor]],
                        ranks: dict[int, list[dict[str, torch.Tensor | None]]], frozen: set[str],
-                       tol: Tolerance) -> Verdict:
-    """Every rank's parameters after each step against eager SGD's (`want[k]`: after step k + 1)."""
+                       tol: Tolerance, truth: list[dict[str, torch.Tensor]] | None = None,
+                       bound: TruthBound | None = None) -> Verdict:
+    """Every rank's parameters after each step against eager SGD's (`want[k]`: after step k + 1), within `bound` of
+    the fp64 `truth` trajectory where given (module docstring)."""
     problems = []
     for rank, steps in sorted(ranks.items()):
         if len(steps) < len(want):
@@ -43,7 +48,9 @@ def params_after_steps(case_id: str, backend: str, want: list[dict[str, torch.Te
                     if not torch.equal(have, value):
                         problems.append(f"{label}: changed (max abs change {(have - value).abs().max().item():.3g})")
                 else:
-                    problem = compare_tensor(label, value, have, tol)
+                    true = truth[k].get(name) if truth is not None and len(truth) > k else None
+                    problem = (truth_problem(label, value, have, true, bound) if true is not None and bound is not None
+                               else compare_tensor(label, value, have, tol))
                     problems += [problem] if problem else []
     figures = {"steps_compared": len(want), "ranks_compared": len(ranks)}
     if not problems:

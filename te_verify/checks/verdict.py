@@ -18,6 +18,16 @@ class Verdict:
     # The failure itemized, one problem per element (a parameter's gradient), where the check itemizes: a known gap
     # scoped to some elements (expectations `elements`) leaves the others judged.
     problems: tuple[str, ...] = ()
+    # Set on a failure that is "not observed" because of another check's outcome: the check whose failure explains
+    # it ("ending": the run ended before what this check reads). A known gap covering that check covers this one.
+    blocked_by: str | None = None
+
+
+def not_observed(check: str, case_id: str, backend: str, why: str, figures: dict | None = None,
+                 blocked_by: str | None = "ending") -> Verdict:
+    """A check that could not observe what it judges: it fails, saying so and why (never a pass from nothing)."""
+    return Verdict(check, False, f"[{case_id}] backend {backend}: {check} not observed: {why}", dict(figures or {}),
+                   blocked_by=blocked_by)
 
 
 class CheckFailures(AssertionError):

@@ -22,7 +22,8 @@ from torch import nn
 
 from te_verify.checks.collectives import Collective
 from te_verify.distributed.carried import Attribution, ContentIndex
-from te_verify.distributed.training import ITERATIONS, StateBytes, microbatches, run_iteration
+from te_verify.distributed.training import StateBytes, microbatches
+from te_verify.training import chunked, run_iteration
 from te_verify.distributed.observe import CollectiveCounter, Timeline, capture_boundaries
 from te_verify.distributed.wrappers import Slot, Wrapped, WrapperError, param_slots, wrap
 from te_verify.graph_sites import linear_weights
@@ -184,8 +185,8 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
         for probe in probes:
             probing.enter_context(probe)
         if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.training)
-            out = run_iteration(wrapped.module, wrapped.train, x, cotangent, microbatches(spec),
-                                lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch))
+            out = torch.cat(run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
+                                          lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch)))
         else:
             out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
         counter.phase = "step"  # whatever runs after backward returns (an engine's optimizer step: _train_steps)
@@ -210,13 +211,13 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
 
 def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
                  counter: CollectiveCounter, outcome: RankOutcome) -> None:
-    """An engine's optimizer step after the measured iteration, then ITERATIONS - 1 more whole iterations, all
+    """An engine's optimizer step after the measured iteration, then spec.iterations - 1 more whole iterations, all
     under the collective counter; the parameters after every step and the engine's state after the last."""
-    for k in range(ITERATIONS):
+    for k in range(spec.iterations):
         counter.iteration, counter.microbatch = k, 0
         with counter.patched():
             if k:
-                run_iteration(wrapped.module, wrapped.train, x, cotangent, microbatches(spec),
+                run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
                               lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
             counter.phase = "step"
             wrapped.train.step()
@@ -226,7 +227,7 @@ def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: t
 
 def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:
     """One whole unobserved iteration (the retention check's later steps)."""
-    run_iteration(wrapped.module, wrapped.train, inputs.x, inputs.grad_output, microbatches(spec),
+    run_iteration(wrapped.module, wrapped.train, chunked(inputs.x, inputs.grad_output, microbatches(spec)),
                   lambda phase, microbatch: None)
     wrapped.train.step()
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+import torch
+
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, frozen_collectives, gradient_volume
 from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
 from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
-from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for
+from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
@@ -256,8 +258,10 @@ def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo
     """A training engine's parameters after every step against eager SGD's, and the state it keeps per rank."""
     frozen = {p.name for p in params if not p.trainable}
     ranks = dict(enumerate(result.results))
+    truth = eager_trajectory(spec, torch.float64)
     return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),
-                               {r: o.params_after_steps for r, o in ranks.items()}, frozen, tol),
+                               {r: o.params_after_steps for r, o in ranks.items()}, frozen, tol, truth,
+                               truth_bound(spec, Record(backend="eager SGD in fp64"))),
             engine_state(spec.id, spec.dist.wrapper, {r: o.engine_state for r, o in ranks.items()}, params,
                          spec.dist.world_size)]
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
-from te_verify.distributed.training import TrainStep
+from te_verify.training import TrainStep
 from te_verify.models import family_of
 from te_verify.spec import CaseSpec
 

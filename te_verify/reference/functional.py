@@ -27,6 +27,18 @@ class LayerState:
         self.free_saved = free_saved
         self.recipe: Recipe | None = None
         self.scalers: dict[str, TensorScaler] = {}
+        # TE's is_first_microbatch of the current forward: True quantizes the weight and keeps the copy, False reuses
+        # the kept copy (no new quantization, no amax recorded for it), None quantizes anew and keeps nothing.
+        self.first_microbatch: bool | None = None
+        self.weight_copy = None
+
+    def quantized_weight(self, w: torch.Tensor, recipe: Recipe):
+        """The FP8 weight for this forward, as is_first_microbatch says (see first_microbatch)."""
+        if self.first_microbatch is False and self.weight_copy is not None:
+            return self.weight_copy
+        qw = self.scaler("weight", recipe, w.device).quantize(w)
+        self.weight_copy = qw if self.first_microbatch else None
+        return qw
 
     def scaler(self, slot: str, recipe: Recipe, device: torch.device) -> TensorScaler:
         """The slot's scaling state, made on `device` (the tensors it scales) on first use."""
@@ -77,7 +89,7 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         assert_fp8_dims(w)
         recipe = get_fp8_recipe()
         qx = state.scaler("input", recipe, x2d.device).quantize(x2d)
-        qw = state.scaler("weight", recipe, w.device).quantize(w)
+        qw = state.quantized_weight(w, recipe)
         for slot in ("input", "weight"):
             note_forward_scaler(state.scalers[slot])
         x_op, w_op = fp8_operand(qx.data, qx.scale_inv), fp8_operand(qw.data, qw.scale_inv)

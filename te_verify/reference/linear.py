@@ -60,6 +60,7 @@ class Linear(torch.nn.Module):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         self.state.label = self.name
+        self.state.first_microbatch = is_first_microbatch
         return _LinearFunction.apply(inp, self.weight, self.bias, self)
 
     def grad_needs(self, needs_input_grad: tuple[bool, ...]) -> tuple[bool, bool, bool]:
