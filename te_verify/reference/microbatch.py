@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from te_verify.models import CaseInputs, make_inputs
+from te_verify.process_state import watched
 from te_verify.record import Record
 from te_verify.runner import build_prepared, input_states, model_state, requires_grad_of, run_case, snapshot_grads
 from te_verify.spec import CaseSpec
@@ -53,8 +54,15 @@ def _main_grads(weights: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tenso
 
 def run_microbatches(spec: CaseSpec, backend, probes=(), dtype: torch.dtype | None = None) -> Record:
     """Run the microbatches (seeds spec.seed + 1000*k for inputs); grads snapshot after each one. `dtype` casts each
-    input and cotangent (an fp64 truth)."""
+    input and cotangent (an fp64 truth). What the run left in the process state goes to the record, restored
+    (process_state.watched)."""
     record = Record(backend=backend.name)
+    with watched(record, spec):
+        _run_microbatches(spec, backend, probes, dtype, record)
+    return record
+
+
+def _run_microbatches(spec: CaseSpec, backend, probes, dtype: torch.dtype | None, record: Record) -> Record:
     prepared = build_prepared(spec, backend, record)
     if prepared is None:
         return record
