@@ -1,5 +1,7 @@
-"""What one case could leave for the next, cut before every run builds its model (runner.build_prepared for the
-torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a verdict is the case's alone:
+"""What one case could leave for the next, cut before every run builds its model (process_state.watched around each
+run of the torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a verdict is the case's
+alone. The process settings a run can change (grad mode, default dtype, threads, ...) are kept by
+te_verify.process_state, which restores them after the run and names what it left:
 
 - dynamo's state: compiled code, guards, and automatic dynamic shapes (`torch._dynamo.reset()`; dynamo's profile of
   which sizes changed lives in memory, pgo.py's code state, and reset() clears it), and its counters (the
@@ -20,6 +22,7 @@ torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a v
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import torch._dynamo
@@ -59,6 +62,58 @@ def reset_fp8_state() -> None:
         manager = getattr(sys.modules.get(name), "FP8GlobalStateManager", None)
         if manager is not None:
             manager.reset()
+
+
+# TE's FP8 autocast state by the name a message gives it: (attribute on TE >= 2.9's FP8GlobalState or the reference's
+# STATE, on TE < 2.9's FP8GlobalStateManager), its value outside any autocast region.
+FP8_FIELDS = {"autocast depth": (("autocast_depth", "depth", "FP8_AUTOCAST_DEPTH"), 0),
+              "FP8 enabled": (("fp8_enabled", "enabled", "FP8_ENABLED"), False),
+              "calibrating": (("fp8_calibration", "FP8_CALIBRATION"), False),
+              "recipe": (("fp8_recipe", "recipe", "FP8_RECIPE"), None),
+              "amax reduction group": (("fp8_distributed_group", "FP8_DISTRIBUTED_GROUP"), None),
+              "FP8 parameters": (("fp8_parameters", "FP8_PARAMETERS"), False),
+              "high-precision init values": (("high_precision_init_val", "HIGH_PRECISION_INIT_VAL"), False),
+              "graph capturing": (("fp8_graph_capturing", "FP8_GRAPH_CAPTURING"), False),
+              "first FP8 module": (("is_first_fp8_module", "IS_FIRST_FP8_MODULE"), False)}
+FP8_LABELS = {"transformer_engine.pytorch.quantization": "TE", "transformer_engine.pytorch.fp8": "TE",
+              "te_verify.reference.autocast": "te_verify.reference"}
+
+
+def _fp8_holders() -> dict[str, object]:
+    """label -> the object holding that implementation's FP8 autocast state, for the implementations loaded."""
+    holders = {}
+    for name in FP8_STATE_MODULES:
+        module = sys.modules.get(name)
+        manager = getattr(module, "FP8GlobalStateManager", None)
+        if manager is not None and FP8_LABELS[name] not in holders:
+            # te_verify.reference's STATE; TE >= 2.9's quantization_state on the manager; before 2.9 the class itself
+            state = getattr(module, "STATE", None)
+            holders[FP8_LABELS[name]] = state or getattr(manager, "quantization_state", manager)
+    return holders
+
+
+def _fp8_attr(holder: object, part: str) -> str | None:
+    return next((a for a in FP8_FIELDS[part][0] if hasattr(holder, a)), None)
+
+
+def fp8_autocast_state() -> dict:
+    """TE's FP8 autocast state, by "<label> <part>", of every implementation loaded (process_state judges it)."""
+    return {f"{label} {part}": getattr(holder, attr) for label, holder in _fp8_holders().items()
+            for part in FP8_FIELDS if (attr := _fp8_attr(holder, part)) is not None}
+
+
+def fp8_unset(key: str) -> Any:
+    """A part's value before its implementation was loaded: outside any autocast region (keys are "<label> <part>")."""
+    return FP8_FIELDS[key.split(" ", 1)[1]][1]
+
+
+def set_fp8_autocast_state(before: dict) -> None:
+    """Put back what fp8_autocast_state read (a part it did not read: its value outside any region)."""
+    for label, holder in _fp8_holders().items():
+        for part in FP8_FIELDS:
+            attr = _fp8_attr(holder, part)
+            if attr is not None:
+                setattr(holder, attr, before.get(f"{label} {part}", FP8_FIELDS[part][1]))
 
 
 def fresh_case(spec: CaseSpec) -> None:

@@ -9,12 +9,12 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.isolation import fresh_case
 from te_verify.models import CaseInputs, build_model, freeze, frozen_at_backward, make_inputs, unfreeze_all
 from te_verify import training
 from te_verify.probes import dispatch
 from te_verify.probes.base import Probe
 from te_verify.probes.retention import Retention
+from te_verify.process_state import watched
 from te_verify.record import INPUT_GRAD, Record, Step, TensorState
 from te_verify.spec import CaseSpec
 
@@ -263,9 +263,9 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
 
 def build_prepared(spec: CaseSpec, backend: Backend, record: Record):
     """Build the seeded model and let the backend prepare it; a raise is recorded (pass 0) and gives None. The
-    model's state as built is recorded first (what a backend must leave as it found it). The process is first put in
-    the state every case starts from (isolation.fresh_case), whatever ran before."""
-    fresh_case(spec)
+    model's state as built is recorded first (what a backend must leave as it found it). Called inside
+    process_state.watched(record, spec), which first puts the process in the state every case starts from
+    (isolation.fresh_case), whatever ran before."""
     model = build_model(spec)
     record.state_before = model_state(model)
     try:
@@ -283,7 +283,8 @@ def run_fp64_eager(spec: CaseSpec, follow: Record | None = None) -> Record:
     model = frozen_at_backward(spec).double()
     inputs = make_inputs(spec)
     x = inputs.x.detach().double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x
-    run_prepared(model, model, CaseInputs(x, inputs.grad_output.double()), spec, record, follow=follow)
+    with watched(record):
+        run_prepared(model, model, CaseInputs(x, inputs.grad_output.double()), spec, record, follow=follow)
     return record
 
 
@@ -291,14 +292,16 @@ def run_case(spec: CaseSpec, backend: Backend, probes: Iterable[Probe] = (),
              inputs: CaseInputs | None = None, follow: Record | None = None) -> Record:
     """Run `spec` on `backend` from the seeded model and inputs (or `inputs`), following `follow` from the second
     iteration on (Trainer); never raises for the backend's faults. Records how often the backend compiled (thunder,
-    torch.compile) as figure `compilations`."""
+    torch.compile) as figure `compilations`, and what the run left in the process state (process_state.watched:
+    restored before anything else runs)."""
     record = Record(backend=backend.name)
-    prepared = build_prepared(spec, backend, record)
-    if prepared is None:
-        return record
-    model, fn = prepared
-    run_prepared(fn, model, inputs or make_inputs(spec), spec, record, probes, follow)
-    compiled = count_compilations(fn)
-    if compiled is not None:
-        record.figures["compilations"] = compiled
+    with watched(record, spec):
+        prepared = build_prepared(spec, backend, record)
+        if prepared is None:
+            return record
+        model, fn = prepared
+        run_prepared(fn, model, inputs or make_inputs(spec), spec, record, probes, follow)
+        compiled = count_compilations(fn)
+        if compiled is not None:
+            record.figures["compilations"] = compiled
     return record

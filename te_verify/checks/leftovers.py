@@ -15,6 +15,11 @@
 - memory_retained: the second training iteration (forward, backward, optimizer step) grows live memory by nothing
   (probes.retention: eager's gradients are made and freed within it, SGD's momentum was made by the first step;
   first-use allocations belong to the first iteration).
+- process_state: the run left the process state as it found it (te_verify.process_state: grad mode, default dtype,
+  threads, matmul precision, autocast, TE's FP8 autocast state, ...; the runner restored it before anything else
+  ran, so the runs after it are judged as if alone). What the reference's own run left is the harness's fault, not
+  the backend's: the verdict does not fail for it but carries it in its figures (`reference_process_left`, on the
+  report row).
 """
 from __future__ import annotations
 
@@ -116,9 +121,30 @@ def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None 
                                              f"{where}", figures)
 
 
+def process_state(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+    """The run under test left every process setting as it found it; a run that was not watched is not observed."""
+    figures = {"process_settings_compared": got.process_compared}
+    if ref.process_left:
+        figures["reference_process_left"] = list(ref.process_left)
+    if got.process_left is None:
+        return Verdict("process_state", False, f"[{case_id}] backend {backend}: process state not observed (the run "
+                                               "was not watched: te_verify.process_state.watched)", figures)
+    return _verdict("process_state", case_id, backend, got.process_left, figures)
+
+
+def process_left_by_test(where: str, left: list[str], compared: int) -> Verdict:
+    """process_state of a whole test (the plugin keeps every test's call): what the test left outside the runs the
+    runner watched; `where` names the case and backend, or the test."""
+    figures = {"process_settings_compared": compared}
+    if left:
+        return Verdict("process_state", False, f"{where}: the test " + "; ".join(left), figures, tuple(left))
+    return Verdict("process_state", True, figures=figures)
+
+
 def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, second_step: bool = True) -> list[Verdict]:
     """Every check of what a step leaves besides values; `second_step=False` where the runner takes none (the TE
     lane's microbatch families)."""
     verdicts = [output_meta(case_id, backend, ref, got), grad_meta(case_id, backend, ref, got),
-                requires_grad_left(case_id, backend, ref, got), inputs_left(case_id, backend, got)]
+                requires_grad_left(case_id, backend, ref, got), inputs_left(case_id, backend, got),
+                process_state(case_id, backend, ref, got)]
     return verdicts + ([memory_retained(case_id, backend, got, ref)] if second_step else [])

@@ -33,6 +33,7 @@ from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
 from te_verify.probes.retention import Retention
 from te_verify.probes.saved import SavedTensorsProbe
+from te_verify.process_state import kept
 from te_verify.record import TensorState
 from te_verify.runner import input_states, set_phase
 from te_verify.spec import CaseSpec
@@ -145,7 +146,14 @@ def to_host(grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | N
 
 
 def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
-    """The pool's per-case callable: run `case` on this rank."""
+    """The pool's per-case callable: run `case` on this rank. What it leaves in the rank's process state (grad mode,
+    default dtype, torch.nn.functional, ...: te_verify.process_state) is put back, so the rank's next case starts as
+    if it were the first."""
+    with kept():
+        return _run_dist_case(rank, world_size, case)
+
+
+def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     spec = case.spec
     if spec.replays != 1:
         raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")

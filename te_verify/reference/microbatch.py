@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from te_verify.models import CaseInputs, make_inputs
+from te_verify.process_state import watched
 from te_verify.record import Record
 from te_verify.runner import (Trainer, build_prepared, host_copies, input_states, iteration_batches, model_state,
                               requires_grad_of, run_case, snapshot_grads)
@@ -163,8 +164,16 @@ def run_microbatches(spec: CaseSpec, backend, probes=(), dtype: torch.dtype | No
                      follow: Record | None = None) -> Record:
     """Run spec.iterations iterations of the microbatches (seeds spec.seed + 1000*k for inputs): the first one's
     grads snapshot after each microbatch, under the probes, with the contract's observations; each iteration's
-    optimizer step recorded as a Step. `dtype` casts each input and cotangent (an fp64 truth)."""
+    optimizer step recorded as a Step. `dtype` casts each input and cotangent (an fp64 truth). What the run left in
+    the process state goes to the record, restored (process_state.watched)."""
     record = Record(backend=backend.name)
+    with watched(record, spec):
+        _run_microbatches(spec, backend, probes, dtype, record, follow)
+    return record
+
+
+def _run_microbatches(spec: CaseSpec, backend, probes, dtype: torch.dtype | None, record: Record,
+                      follow: Record | None) -> Record:
     prepared = build_prepared(spec, backend, record)
     if prepared is None:
         return record
