@@ -20,7 +20,7 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import fp8_judged_against, output_reference, run_te
+from te_verify.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -46,7 +46,8 @@ def test_te_delayed(case):
                   *vs_eager(case, got, eager, quantized),
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
-                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
+                  *scaling_verdicts(case, got)])
 
 
 def vs_eager(case, got, eager, quantized) -> list:

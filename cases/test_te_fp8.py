@@ -19,7 +19,7 @@ from te_verify.checks.verdict import Verdict
 from te_verify.fp8 import fp8_dims_ok
 from te_verify.matrix_te import fp8_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te
+from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_fp8"
 LANE = "te"
@@ -68,7 +68,8 @@ def test_te_fp8(case):
                 output_parity(spec.id, case.backend_name, quantized, got, tol),
                 state_left_behind(spec.id, case.backend_name, ref, got, tol),
                 *leftover_verdicts(spec.id, case.backend_name, ref, got),
-                *te_waste(spec.id, case.backend_name, spec, got)]
+                *te_waste(spec.id, case.backend_name, spec, got),
+                *scaling_verdicts(case, got)]
     if case.backend_name != "te_eager":
         te_eager = run_mean_reduced(spec, TEEagerBackend(), follow=quantized)
         vs_te = grad_parity(spec.id, case.backend_name, te_eager, got, tol)

@@ -14,7 +14,7 @@ from te_verify.probes.tex_gemm import AtenGemmOutsideTex
 from te_verify.reference.microbatch import run_mean_reduced
 from te_verify.runner import run_case, run_fp64_eager
 from te_verify.backends.te_eager import skip_unsupported
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te
+from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_lora"
 LANE = "te"
@@ -40,4 +40,4 @@ def test_te_lora(case):
         verdicts = [v for v in verdicts if v.check not in ("output_parity", "replay", "grad_parity", "params_after_steps")]
         verdicts += [output_parity(spec.id, case.backend_name, quantized, got, tol),
                      *fp8_value_verdicts(case, got, quantized, ref)]
-    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got)])
+    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got), *scaling_verdicts(case, got)])

@@ -20,7 +20,7 @@ from te_verify.checks.state import output_parity, params_after_steps, state_left
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te
+from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -43,4 +43,5 @@ def test_te_replay(case):
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *values,
                   *leftover_verdicts(spec.id, case.backend_name, ref, got),
-                  *te_waste(spec.id, case.backend_name, spec, got)])
+                  *te_waste(spec.id, case.backend_name, spec, got),
+                  *scaling_verdicts(case, got)])

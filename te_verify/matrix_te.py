@@ -36,8 +36,23 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
         specs += [CaseSpec("te_fp8", NON_SQUARE4, m, m, x, (2, 8), te=TEConfig(recipe=r, fp8_format=f), seed=s)
                   for m in all_masks(4) for x in (False, True) for r in RECIPES for f in ("E4M3", "HYBRID")
                   for s in (0, 1)]
+        specs += history_specs("te_fp8")
     specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
     return dedupe(specs)
+
+
+# Delayed scaling's amax history rolls within a case: a history of HISTORY_LEN entries over HISTORY_LEN + 2 iterations
+# (every entry replaced at least once: the recipe's roll and its max over the window are both judged, fp8_scaling).
+HISTORY_LEN = 2
+
+
+def history_specs(family: str, microbatches: int = 1) -> list[CaseSpec]:
+    """Nightly: delayed scaling with a short amax history, trained past it (E4M3 and HYBRID)."""
+    te = dict(delay_wgrad=True, microbatches=microbatches) if family == "te_delayed" else {}
+    return [CaseSpec(family, NARROW4 if te else NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+                     te=TEConfig(recipe="delayed", fp8_format=f, amax_history_len=HISTORY_LEN, **te),
+                     iterations=HISTORY_LEN + 2)
+            for p in ("alternating", "none") for f in ("E4M3", "HYBRID")]
 
 
 def peft_specs(tier: str) -> list[CaseSpec]:
@@ -90,6 +105,8 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
             for rec in recipes:
                 specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
                                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
+    if tier == "nightly":
+        specs += history_specs("te_delayed", microbatches=2)
     # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
     tied_mbs = (1,) if tier == "smoke" else (1, 2)
     specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),

@@ -3,7 +3,7 @@ first one's forward and k backward passes under the probes, the optimizer step, 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
@@ -100,13 +100,14 @@ def params_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _measured_step(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record,
-                   probes: list[Probe]) -> torch.Tensor | None:
+                   probes: list[Probe], watchers: list[Probe] = ()) -> torch.Tensor | None:
     """The first iteration's probed forward and its `spec.replays` backward passes; returns the output (None if the
-    forward raised)."""
+    forward raised). `watchers` (entered by the caller around every iteration) hear the phases too."""
     out, stage = None, 0
     with contextlib.ExitStack() as stack:
         for probe in probes:
             stack.enter_context(probe)
+        probes = [*probes, *watchers]
         try:
             set_phase(probes, "forward")
             out = fn(inputs.x)
@@ -136,9 +137,11 @@ class Trainer:
     code, caches, TE's FP8 scaling state and weight copies) is its own."""
 
     def __init__(self, fn, model: torch.nn.Module, spec: CaseSpec, record: Record, follow: Record | None = None,
-                 batches: list[CaseInputs] | None = None) -> None:
+                 batches: list[CaseInputs] | None = None, watchers: list[Probe] = ()) -> None:
         self.fn, self.model, self.spec, self.record = fn, model, spec, record
         self.follow = follow
+        # Probes entered around every iteration (spans_iterations): they hear every phase and every step.
+        self.watchers = list(watchers)
         # Each iteration's own batch, as a training loop feeds one (iteration_batches), where this trainer runs the
         # iterations (the microbatch families run their own and use it for the steps).
         self.batches = batches or []
@@ -166,6 +169,8 @@ class Trainer:
         training.optimizer_step(self.opt)
         self.model.zero_grad(set_to_none=True)  # a gradient on what does not train (a fault) does not carry over
         dispatch.set_phase("idle")  # the harness's copies are not the run's memory
+        for watcher in self.watchers:
+            watcher.step_done(iteration)
         self.record.steps.append(Step(iteration, grads, host_copies(params_of(self.model)),
                                       {"momentum": host_copies(self.momentum())}))
 
@@ -188,12 +193,14 @@ class Trainer:
             dispatch.set_phase("idle")
             self.follow_reference(k)
             batch = self.batches[k - 1]
+            self.hear("forward")
             dispatch.set_phase("second step")
             out = self.fn(batch.x)
             dispatch.set_phase("idle")
             self.record.add_output(out, f"iteration {k}", host=True)
             dispatch.set_phase("second step")
             for stage in range(1, self.spec.replays + 1):
+                self.hear("backward", stage)
                 out.backward(batch.grad_output, retain_graph=stage < self.spec.replays)
             del out
             dispatch.set_phase("idle")
@@ -205,6 +212,11 @@ class Trainer:
         except Exception as exc:
             self.record.error, self.record.error_pass, self.record.error_iteration = exc, stage, k
             raise
+
+    def hear(self, phase: str, index: int = 0) -> None:
+        """The watchers hear what runs next (they keep their own accounting; the dispatch phase is the caller's)."""
+        for watcher in self.watchers:
+            watcher.phase(phase, index)
 
     def inputs_left(self) -> dict[str, TensorState]:
         """Every later iteration's batch as the run left it (the caller's first batch is the runner's to read)."""
@@ -233,15 +245,41 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
     judged against `follow` starts each iteration from its parameters (Trainer). What the run left of the caller's
     tensors and the parameters' requires_grad is recorded at the end."""
     probes = bind_probes(list(probes), model)
+    watchers = [p for p in probes if getattr(p, "spans_iterations", False)]
+    probes = [p for p in probes if p not in watchers]
     record.inputs_before.update(input_states(inputs))
     try:
         warm_up(fn, model, inputs, spec.warmup_steps, record)
     except Exception as exc:
         record.error, record.error_pass = exc, 0
         return record
-    trainer = Trainer(fn, model, spec, record, follow, iteration_batches(inputs, spec.iterations))
+    with watching(watchers, fn, record):
+        _train(fn, model, inputs, spec, record, probes, follow, watchers)
+    record.requires_grad_after = requires_grad_of(model)
+    return record
+
+
+@contextlib.contextmanager
+def watching(watchers: list[Probe], fn, record: Record) -> Iterator[None]:
+    """Probes that watch every iteration, entered around all of them; their figures and observations recorded."""
+    for watcher in watchers:
+        getattr(watcher, "bind_callable", lambda f: None)(fn)
+    with contextlib.ExitStack() as stack:
+        for watcher in watchers:
+            stack.enter_context(watcher)
+        yield
+    for watcher in watchers:
+        record.figures.update(watcher.figures())
+        record.observations.update(watcher.observations())
+
+
+def _train(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record, probes: list[Probe],
+           follow: Record | None, watchers: list[Probe]) -> None:
+    """The iterations of run_prepared: the first under the probes, its step, the second under the retention check
+    where the run is probed, the rest."""
+    trainer = Trainer(fn, model, spec, record, follow, iteration_batches(inputs, spec.iterations), watchers)
     with Retention(bool(probes)) as retention:  # entered first: on CPU it tracks from the measured step on
-        out = _measured_step(fn, model, inputs, spec, record, probes)
+        out = _measured_step(fn, model, inputs, spec, record, probes, watchers)
         record.state_after = model_state(model)
         for probe in probes:
             record.figures.update(probe.figures())
@@ -255,10 +293,8 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
                 record.observations["retained"] = retained
                 record.figures["retained_bytes"] = retained.get("bytes")
     trainer.rest(3 if probes else 2)
-    record.requires_grad_after = requires_grad_of(model)
     record.inputs_after.update(input_states(inputs))
     record.inputs_after.update(trainer.inputs_left())
-    return record
 
 
 def build_prepared(spec: CaseSpec, backend: Backend, record: Record):

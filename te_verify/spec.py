@@ -85,6 +85,8 @@ class TEConfig:
     experts: int = 1
     # Experts frozen in every layer (on top of weight_frozen): MoE PEFT.
     frozen_experts: tuple[int, ...] = ()
+    # DelayedScaling's amax_history_len (TE's default 1024): a short one rolls within a case's iterations.
+    amax_history_len: int = 1024
 
     @property
     def tag(self) -> str:
@@ -104,6 +106,8 @@ class TEConfig:
         if self.experts > 1:
             parts.append(f"moe{self.experts}" + ("-frozen" + "_".join(map(str, self.frozen_experts))
                                                  if self.frozen_experts else ""))
+        if self.amax_history_len != 1024:
+            parts.append(f"h{self.amax_history_len}")
         return ".".join(parts)
 
 
@@ -384,6 +388,8 @@ def validate(spec: CaseSpec) -> None:
         _check(spec.te.fp8_format in FP8_FORMATS, f"te.fp8_format={spec.te.fp8_format!r}: expected one of {FP8_FORMATS}")
         _check(spec.te.fp8_format == "E4M3" or spec.te.recipe is not None,
                f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is None)")
+        _check(spec.te.amax_history_len >= 1 and (spec.te.amax_history_len == 1024 or spec.te.recipe == "delayed"),
+               f"te.amax_history_len={spec.te.amax_history_len!r}: a positive length, set only for te.recipe='delayed'")
         _check(not spec.te.grad_added_to_main_grad or spec.te.main_grad,
                "te.grad_added_to_main_grad=True needs te.main_grad=True")
         _check_tied(spec)

@@ -265,7 +265,7 @@ def ensure_te_importable() -> None:
         tecpu.boot(_CAPABILITY[0])
 
 
-def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3"):
+def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024):
     """The spec's recipe name ("delayed"/"current"/None) as a recipe object of `api`, in `fp8_format`.
 
     "E4M3" uses E4M3 for gradients too, held to E4M3 tolerances (rtol 0.125, atol 0.0675: TE quantization_tols,
@@ -275,5 +275,7 @@ def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M
         return None
     fmt = getattr(api.Format, fp8_format)
     if recipe == "delayed":
-        return api.DelayedScaling(fp8_format=fmt)
+        # The history length only where the case sets one: a build's DelayedScaling need not take the keyword.
+        return api.DelayedScaling(fp8_format=fmt, **({"amax_history_len": amax_history_len}
+                                                     if amax_history_len != 1024 else {}))
     return api.Float8CurrentScaling(fp8_format=fmt)

@@ -15,6 +15,7 @@ from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.caserun import CaseRun
 from te_verify.checks.ending import ending
+from te_verify.checks.fp8_scaling import fp8_scaling
 from te_verify.checks.fp8_tolerance import fp8_bound
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
@@ -27,6 +28,7 @@ from te_verify.checks.te_waste import te_waste
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
+from te_verify.probes.fp8_scaling import scaling_observer
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 from te_verify.reference import functional, gemm_log
@@ -148,12 +150,32 @@ def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Rec
             params_after_steps(spec.id, name, ref, got, tol, bound)]
 
 
+def te_probes(case: CaseRun) -> list:
+    """The TE lane's probes; for an FP8 case over TE's Python also the scaling observer of every iteration."""
+    probes = default_probes(case.backend_name)
+    observer = scaling_observer(case.spec) if te_api.active().runs_te_python else None
+    return probes + ([observer] if observer is not None else [])
+
+
+def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
+    """fp8_scaling (checks.fp8_scaling) for an FP8 case over TE's Python; none in high precision, and none for a
+    pure-PyTorch --te-impl, whose quantizations never reach a tex boundary (the row says so)."""
+    spec = case.spec
+    if spec.te is None or spec.te.recipe is None:
+        return []
+    if not te_api.active().runs_te_python:
+        case.figures["fp8_scaling"] = f"not applicable: --te-impl {te_api.active().name} has no tex boundary"
+        return []
+    first_flag = bool(got.observations.get("is_first_microbatch"))
+    return [fp8_scaling(spec.id, case.backend_name, spec, got.observations.get("fp8_scaling"), first_flag)]
+
+
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:
     """The case's run under the default probes, following `follow` (the record it is judged against) from the second
     iteration on; its figures and error go to the row; unclaimed runs skip; a run that reached something the tex
     emulation does not emulate errors with that message (never passes)."""
     skip_unsupported(case)
-    got = runner(case.spec, case.backend, default_probes(case.backend_name), follow=follow)
+    got = runner(case.spec, case.backend, te_probes(case), follow=follow)
     if isinstance(got.error, Unemulated):
         raise got.error
     case.figures.update(got.figures)
@@ -182,6 +204,7 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
                          ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
                          *training,
+                         *scaling_verdicts(case, got),
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
                          *te_waste(spec.id, name, spec, got)])

@@ -276,7 +276,7 @@ class TEEagerBackend:
         te = spec.te or TEConfig()
         if te.main_grad:
             attach_main_grad(model, te)
-        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format)
+        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len)
         if spec.model is not None:
             return TEFamily(convert_family(model, spec, api), api, recipe)
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)

@@ -14,8 +14,8 @@ import torch
 from te_verify.models import CaseInputs, make_inputs
 from te_verify.process_state import watched
 from te_verify.record import Record
-from te_verify.runner import (Trainer, build_prepared, host_copies, input_states, iteration_batches, model_state,
-                              requires_grad_of, run_case, snapshot_grads)
+from te_verify.runner import (Trainer, bind_probes, build_prepared, host_copies, input_states, iteration_batches,
+                              model_state, requires_grad_of, run_case, snapshot_grads, watching)
 from te_verify.spec import CaseSpec
 
 
@@ -70,24 +70,27 @@ class MicrobatchTrainer:
     kept); from the second iteration on the parameters and momentum start from `follow`'s (runner.Trainer)."""
 
     def __init__(self, spec: CaseSpec, fn, model: torch.nn.Module, record: Record, dtype: torch.dtype | None,
-                 follow: Record | None) -> None:
+                 follow: Record | None, watchers: list = ()) -> None:
         self.spec, self.fn, self.model, self.record = spec, fn, model, record
         batches = [_cast(make_inputs(spec.replace(seed=spec.seed + 1000 * k)), dtype) for k in range(spec.te.microbatches)]
         # Each iteration its own copies of the microbatches (runner.iteration_batches); the first are the caller's.
         self.per_iteration = list(zip(*(iteration_batches(b, spec.iterations) for b in batches)))
         self.first_flag = takes_first_microbatch(fn)
-        self.trainer = Trainer(fn, model, spec, record, follow)
+        record.observations["is_first_microbatch"] = self.first_flag and spec.te.microbatches > 1
+        self.trainer = Trainer(fn, model, spec, record, follow, watchers=watchers)
 
     def iteration(self, k: int, watch: "ContractWatch | None" = None) -> None:
         """Iteration k: every microbatch's forward, backward and backward_dw; `watch` observes the first iteration."""
         if k > 1:
             self.trainer.follow_reference(k)
         for m, inputs in enumerate(self.per_iteration[k - 1]):
+            self.trainer.hear("forward")
             out = self.fn(inputs.x, is_first_microbatch=m == 0) if self.first_flag else self.fn(inputs.x)
             self.record.add_output(out, f"iteration {k}, microbatch {m + 1}" if self.spec.iterations > 1
                                    else f"microbatch {m + 1}", host=k > 1)
             if watch is not None:
                 watch.before_backward()
+            self.trainer.hear("backward", m + 1)
             out.backward(inputs.grad_output)
             if watch is not None:
                 watch.after_backward(m)
@@ -178,7 +181,16 @@ def _run_microbatches(spec: CaseSpec, backend, probes, dtype: torch.dtype | None
     if prepared is None:
         return record
     model, fn = prepared
-    trainer = MicrobatchTrainer(spec, fn, model, record, dtype, follow)
+    watchers = bind_probes([p for p in probes if getattr(p, "spans_iterations", False)], model)
+    probes = [p for p in probes if p not in watchers]
+    with watching(watchers, fn, record):
+        _train_microbatches(spec, fn, model, record, probes, dtype, follow, watchers)
+    return record
+
+
+def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Record, probes: list,
+                        dtype: torch.dtype | None, follow: Record | None, watchers: list) -> None:
+    trainer = MicrobatchTrainer(spec, fn, model, record, dtype, follow, watchers)
     record.inputs_before.update(trainer.inputs_states())
     watch = ContractWatch(spec, model, record)
     labels = _PassCounter(probes)
@@ -198,7 +210,6 @@ def _run_microbatches(spec: CaseSpec, backend, probes, dtype: torch.dtype | None
     _later_iterations(trainer, record)
     record.requires_grad_after = requires_grad_of(model)
     record.inputs_after.update(trainer.inputs_states())
-    return record
 
 
 def _chain(*calls):
