@@ -166,8 +166,7 @@ def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
     if not te_api.active().runs_te_python:
         case.figures["fp8_scaling"] = f"not applicable: --te-impl {te_api.active().name} has no tex boundary"
         return []
-    first_flag = bool(got.observations.get("is_first_microbatch"))
-    return [fp8_scaling(spec.id, case.backend_name, spec, got.observations.get("fp8_scaling"), first_flag)]
+    return [fp8_scaling(spec.id, case.backend_name, spec, got)]
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:

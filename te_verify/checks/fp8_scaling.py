@@ -17,8 +17,10 @@ common/recipe/delayed_scaling.cu; the scale rule common/recipe/recipe_common.cuh
   format, E5M2 (57344) for gradients in HYBRID.
 - The weight copy: with is_first_microbatch passed (the microbatch families), each weight is quantized exactly once
   per iteration, on its first microbatch (after the optimizer step moved it); otherwise once per forward call.
-Values are compared exactly in fp32 (the scale_inv each quantization wrote against fp32(1 / scale)): one rounding is
-the whole computation, and a 64x scale, a history that never rolls, a stale weight copy are all far from it.
+Amax histories are compared exactly (an amax is a max: no rounding). Scales are compared within SCALE_ULPS units in
+the last place of fp32: TE's update kernel divides (fp8_max / amax, one rounding), thunder's TE executor gets the same
+scale one ulp away (a multiplication by a reciprocal rounds twice), and a quantization's scale is read back as
+1 / scale_inv (one more rounding). A 64x scale, a history that never rolls, a stale weight copy are all far from it.
 """
 from __future__ import annotations
 
@@ -27,11 +29,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.probes.fp8_scaling import CURRENT, DELAYED, Quantization
+from te_verify.record import Record
 
 FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 FLOAT32_MAX = torch.finfo(torch.float32).max
+SCALE_ULPS = 4  # see the module docstring
+
+
+def scales_agree(have: float, want: float) -> bool:
+    """Within SCALE_ULPS fp32 units in the last place of `want` (exact for 1.0 and the special values)."""
+    if have == want:
+        return True
+    return abs(have - want) <= SCALE_ULPS * torch.finfo(torch.float32).eps * abs(want)
 
 
 @dataclass(frozen=True)
@@ -108,30 +119,38 @@ class Findings:
 
 
 def _used_ok(q: Quantization, scale: float) -> bool:
-    """Whether the quantization used `scale`: its 1/scale_inv against fp32(1/scale) read back the same way."""
-    want_inv = float(torch.reciprocal(torch.tensor(scale, dtype=torch.float32)))
-    return q.scale_used == (1.0 / want_inv if want_inv else float("inf"))
+    """Whether the quantization used `scale` (its 1/scale_inv, scales_agree)."""
+    return scales_agree(q.scale_used, scale)
 
 
-def _fp8_max(params: RecipeParams, q: Quantization) -> float:
-    return FP8_MAX[params.forward_format if q.interval[0] == "forward" else params.backward_format]
+def _fp8_max(params: RecipeParams, direction: str) -> float:
+    """The format's max for tensors of `direction` ("forward" or "backward")."""
+    return FP8_MAX[params.forward_format if direction == "forward" else params.backward_format]
+
+
+def update_interval(q: Quantization, direction: str) -> int:
+    """The call of `direction` whose end updates the slot `q` quantized into: the one it ran in, or, for a call of
+    the other direction, the next one (its amax waits in the history's first entry until then)."""
+    forward, backward = q.calls
+    done = forward if direction == "forward" else backward
+    return done if q.interval[0] == direction else done + 1
 
 
 def _check_delayed(slot: tuple, qs: list[Quantization], states: list[dict], params: RecipeParams, name: str,
                    found: Findings) -> None:
     model = SlotModel([0.0] * params.history_len)
     after_step: dict[int, tuple[list[float], float]] = {}
-    by_interval: dict[tuple, list[Quantization]] = {}
+    by_interval: dict[int, list[Quantization]] = {}
+    direction = qs[0].interval[0]  # a slot belongs to the direction it is first quantized in
     for q in qs:
-        by_interval.setdefault(q.interval, []).append(q)
-    for interval, group in by_interval.items():
-        fp8_max = _fp8_max(params, group[0])
+        by_interval.setdefault(update_interval(q, direction), []).append(q)
+    for group in by_interval.values():
         for q in group:
             found.compared += 1
             if not _used_ok(q, model.scale):
-                found.problems.append(f"{name}, iteration {q.iteration} ({interval[0]} call {interval[1]}): quantized "
-                                      f"with scale {q.scale_used:.6g}, the recipe's is {model.scale:.6g}")
-        model.update(max(q.amax for q in group), params, fp8_max)
+                found.problems.append(f"{name}, iteration {q.iteration} ({q.interval[0]} call {q.interval[1]}): "
+                                      f"quantized with scale {q.scale_used:.9g}, the recipe's is {model.scale:.9g}")
+        model.update(max(q.amax for q in group), params, _fp8_max(params, direction))
         after_step[group[-1].iteration] = (list(model.history), model.scale)
     _check_states(slot, states, after_step, name, found)
 
@@ -147,37 +166,40 @@ def _check_states(slot: tuple, states: list[dict], after: dict[int, tuple[list[f
         history, scale = state[slot]
         want_history, want_scale = last
         found.compared += 1
-        if f32(scale) != f32(want_scale):
-            found.problems.append(f"{name}, after step {k}: scale {scale:.6g}, the recipe's is {want_scale:.6g}")
+        if not scales_agree(f32(scale), f32(want_scale)):
+            found.problems.append(f"{name}, after step {k}: scale {scale:.9g}, the recipe's is {want_scale:.9g}")
         elif [f32(v) for v in history] != [f32(v) for v in want_history]:
             shown = lambda h: [round(v, 6) for v in h if v][-4:]  # the newest non-zero entries
             found.problems.append(f"{name}, after step {k}: amax history {shown(history)} (newest last), the "
                                   f"recipe's is {shown(want_history)}")
 
 
-def _check_current(qs: list[Quantization], params: RecipeParams, names: dict, found: Findings) -> None:
+def _check_current(qs: list[Quantization], params: RecipeParams, names: dict, directions: dict,
+                   found: Findings) -> None:
     for q in qs:
         found.compared += 1
-        want = current_scale(q.amax, _fp8_max(params, q), params.power_2, params.epsilon)
+        want = current_scale(q.amax, _fp8_max(params, directions[q.slot]), params.power_2, params.epsilon)
         if not _used_ok(q, want):
             found.problems.append(f"{names.get(q.slot, 'a current-scaling quantizer')}, iteration {q.iteration} "
                                   f"({q.interval[0]} call {q.interval[1]}): quantized with scale {q.scale_used:.6g}, "
                                   f"the recipe's for amax {q.amax:.6g} is {want:.6g}")
 
 
-def _check_formats(qs: list[Quantization], params: RecipeParams, found: Findings) -> None:
-    wrong = Counter((q.interval[0], q.fp8_max) for q in qs if q.fp8_max != _fp8_max(params, q))
+def _check_formats(qs: list[Quantization], params: RecipeParams, directions: dict, found: Findings) -> None:
+    wrong = Counter((directions[q.slot], q.fp8_max) for q in qs if q.fp8_max != _fp8_max(params, directions[q.slot]))
     for (direction, fp8_max), n in sorted(wrong.items()):
-        found.problems.append(f"{n} {direction} quantization(s) to a format of max {fp8_max:g}, the recipe's is "
-                              f"{FP8_MAX[params.forward_format if direction == 'forward' else params.backward_format]:g}")
+        found.problems.append(f"{n} quantization(s) of {direction} tensors to a format of max {fp8_max:g}, the "
+                              f"recipe's is {_fp8_max(params, direction):g}")
 
 
 def _check_weight_copies(qs: list[Quantization], microbatches: int, first_flag: bool, forward_calls: int,
-                         iterations: int, found: Findings) -> None:
-    """Each weight quantized once per iteration with is_first_microbatch, else once per forward call."""
+                         iterations: int, uses: dict[str, int], found: Findings) -> None:
+    """Each use of a weight (a tied weight has several) quantizes it once per iteration with is_first_microbatch, else
+    once per forward call."""
     per = Counter((q.source, q.iteration) for q in qs if q.source is not None and q.interval[0] == "forward")
-    want = 1 if first_flag else max(1, forward_calls // max(iterations, 1))
+    calls = 1 if first_flag else max(1, forward_calls // max(iterations, 1))
     for weight in sorted({w for w, _ in per}):
+        want = calls * uses.get(weight, 1)
         for k in range(1, iterations + 1):
             found.compared += 1
             have = per.get((weight, k), 0)
@@ -188,23 +210,31 @@ def _check_weight_copies(qs: list[Quantization], microbatches: int, first_flag: 
                                       f"({why}; {microbatches} microbatch(es))")
 
 
-def fp8_scaling(case_id: str, backend: str, spec, seen: dict | None, first_flag: bool = False) -> Verdict:
-    """The run's quantizations and scaling state against the recipe (module docstring); `seen` is the observer's
-    observations["fp8_scaling"] (None: not observed)."""
+def fp8_scaling(case_id: str, backend: str, spec, got: Record) -> Verdict:
+    """The run's quantizations and scaling state against the recipe (module docstring), from the observer's
+    observations (probes.fp8_scaling); not observed where none reached the tex boundary."""
+    seen = got.observations.get("fp8_scaling")
+    first_flag = bool(got.observations.get("is_first_microbatch"))
     if seen is None or not seen["quantizations"]:
         why = "no quantization reached the tex boundary" if seen is not None else "no FP8 scaling observer ran"
-        return Verdict("fp8_scaling", False, f"[{case_id}] backend {backend}: fp8_scaling not observed: {why}")
+        return not_observed("fp8_scaling", case_id, backend, why + (" (the run raised: ending says how)"
+                                                                    if got.error is not None else ""),
+                            blocked_by="ending" if got.error is not None else None)
     params, names, found = recipe_params(spec), seen.get("slot_names", {}), Findings()
     qs: list[Quantization] = seen["quantizations"]
-    _check_formats(qs, params, found)
+    directions: dict[tuple, str] = {}
+    for q in qs:  # a quantizer's tensors are of the direction it is first used in
+        directions.setdefault(q.slot, q.interval[0])
+    _check_formats(qs, params, directions, found)
     slots: dict[tuple, list[Quantization]] = {}
     for q in qs:
         slots.setdefault((q.kind, q.slot), []).append(q)
     for (kind, slot), group in slots.items():
         if kind == DELAYED:
             _check_delayed(slot, group, seen["states"], params, names.get(slot, f"delayed-scaling slot {slot[1]}"), found)
-    _check_current([q for q in qs if q.kind == CURRENT], params, names, found)
-    _check_weight_copies(qs, spec.te.microbatches, first_flag, seen["forward_calls"], len(seen["states"]) or 1, found)
+    _check_current([q for q in qs if q.kind == CURRENT], params, names, directions, found)
+    _check_weight_copies(qs, spec.te.microbatches, first_flag, seen["forward_calls"], len(seen["states"]) or 1,
+                         seen.get("weight_uses", {}), found)
     figures = {"fp8_quantizations_compared": len(qs), "fp8_scaling_values_compared": found.compared,
                "fp8_states_compared": len(seen["states"])}
     if found.problems:

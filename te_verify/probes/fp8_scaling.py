@@ -36,9 +36,11 @@ class Quantization:
     kind: str
     # The quantizer: (scaling state storage id, slot index) for delayed scaling; (id of the quantizer object, 0) else.
     slot: tuple[int, int]
-    # ("forward" | "backward", k): the k-th forward or backward call of the run (1-based), whose end updates the
-    # delayed-scaling slots quantized in it.
+    # ("forward" | "backward", k): the call it ran in, the k-th forward or backward call of the run (1-based).
     interval: tuple[str, int]
+    # Forward and backward calls begun so far: a delayed-scaling slot is updated when a call of its own direction
+    # ends, so a forward tensor quantized during a backward call waits for the next forward's update.
+    calls: tuple[int, int]
     # The training iteration (1-based).
     iteration: int
     # The parameter quantized (its qualified name), or None for an activation or a gradient.
@@ -103,6 +105,17 @@ class Fp8ScalingObserver:
             if isinstance(root, torch.nn.Module):
                 self._roots.append(root)
 
+    def weight_uses(self) -> dict[str, int]:
+        """How many modules of the backend's callable hold each parameter (a tied weight: each use quantizes it)."""
+        uses: dict[str, int] = {}
+        for root in self._roots[1:]:  # the callable's modules (the model's own are not the ones run)
+            for module in root.modules():
+                for p in module._parameters.values():
+                    name = self.params.get(p.untyped_storage().data_ptr()) if p is not None else None
+                    if name is not None:
+                        uses[name] = uses.get(name, 0) + 1
+        return uses
+
     def slot_names(self) -> dict[tuple[int, int], str]:
         """Each delayed-scaling slot named by its module and role: TE's modules keep their forward and backward
         states in fp8_meta["scaling_fwd"/"scaling_bwd"] (slots input, weight, output per GEMM forward; grad_output,
@@ -151,8 +164,10 @@ class Fp8ScalingObserver:
         slot = self._slot(q) if kind == DELAYED else (id(q), 0)
         scale_inv = float(out._scale_inv.reshape(-1)[0])
         source = self.params.get(x.untyped_storage().data_ptr()) if x.storage_offset() == 0 else None
-        self.quantizations.append(Quantization(kind, slot, self._interval, self._iteration, source, source_amax(x),
-                                               1.0 / scale_inv if scale_inv else float("inf"), _fp8_max(q)))
+        self.quantizations.append(Quantization(kind, slot, self._interval,
+                                               (self._calls["forward"], self._calls["backward"]), self._iteration,
+                                               source, source_amax(x), 1.0 / scale_inv if scale_inv else float("inf"),
+                                               _fp8_max(q)))
 
     def _slot(self, q: Any) -> tuple[int, int]:
         """The slot of a delayed-scaling quantizer: its amax is amax_history[0][i] of an (L, n) state."""
@@ -193,7 +208,7 @@ class Fp8ScalingObserver:
     def observations(self) -> dict[str, Any]:
         return {"fp8_scaling": {"quantizations": list(self.quantizations), "states": list(self.states),
                                 "forward_calls": self._calls["forward"], "backward_calls": self._calls["backward"],
-                                "slot_names": self.slot_names()}}
+                                "slot_names": self.slot_names(), "weight_uses": self.weight_uses()}}
 
 
 def _role(label: str, roles: tuple[str, ...], i: int, slots: int) -> str:
