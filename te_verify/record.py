@@ -53,6 +53,8 @@ class Record:
     outputs: list[torch.Tensor] = field(default_factory=list)
     # What each output is, for failure messages: "warm-up step 1", "iteration 2", "iteration 1, microbatch 2".
     output_labels: list[str] = field(default_factory=list)
+    # The iteration each output belongs to (0 for a warm-up step).
+    output_iterations: list[int] = field(default_factory=list)
     # The model's parameters and buffers ("param:<name>", "buffer:<name>") before the backend ran and after the
     # last backward pass: what the run left behind (a backend must not write into them).
     state_before: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -91,11 +93,13 @@ class Record:
     def passes_done(self) -> int:
         return len(self.grads)
 
-    def add_output(self, out: torch.Tensor, label: str, host: bool = False) -> torch.Tensor:
-        """Keep a detached copy of a forward output under `label` (on the host with `host`); returns the copy."""
+    def add_output(self, out: torch.Tensor, label: str, iteration: int, host: bool = False) -> torch.Tensor:
+        """Keep a detached copy of a forward output of `iteration` under `label` (on the host with `host`); returns
+        the copy."""
         kept = out.detach().to("cpu", copy=True) if host else out.detach().clone()
         self.outputs.append(kept)
         self.output_labels.append(label)
+        self.output_iterations.append(iteration)
         return kept
 
     def output_label(self, k: int) -> str:

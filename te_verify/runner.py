@@ -59,7 +59,7 @@ def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: 
     first iteration starts clean: first-call effects, apart from training."""
     for k in range(steps):
         out = fn(inputs.x)
-        record.add_output(out, f"warm-up step {k + 1}")
+        record.add_output(out, f"warm-up step {k + 1}", 0)
         out.backward(inputs.grad_output)
     model.zero_grad(set_to_none=True)
     inputs.x.grad = None
@@ -112,7 +112,7 @@ def _measured_step(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpe
             set_phase(probes, "forward")
             out = fn(inputs.x)
             set_phase(probes, "idle")  # the harness's own copies are not the run's work or memory
-            record.output = record.add_output(out, "iteration 1" if spec.iterations > 1 else "forward")
+            record.output = record.add_output(out, "iteration 1" if spec.iterations > 1 else "forward", 1)
             for k in range(1, spec.replays + 1):
                 stage = k
                 set_phase(probes, "backward", k)
@@ -197,7 +197,7 @@ class Trainer:
             dispatch.set_phase("second step")
             out = self.fn(batch.x)
             dispatch.set_phase("idle")
-            self.record.add_output(out, f"iteration {k}", host=True)
+            self.record.add_output(out, f"iteration {k}", k, host=True)
             dispatch.set_phase("second step")
             for stage in range(1, self.spec.replays + 1):
                 self.hear("backward", stage)

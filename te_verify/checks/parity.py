@@ -91,12 +91,14 @@ def worst_errors(ref: dict, got: dict) -> tuple[float, float]:
     return max((e[0] for e in errs), default=0.0), max((e[1] for e in errs), default=0.0)
 
 
-def _later_steps(ref: Record, got: Record, truth: Record | None) -> list[tuple[str, dict, dict, dict | None]]:
-    """(label, ref grads, got grads, truth grads) of every iteration after the first that both runs completed."""
+def _later_steps(ref: Record, got: Record, truth: Record | None, tol: Tolerance) -> list[tuple]:
+    """(label, ref grads, got grads, truth grads, tolerance) of every iteration after the first that both runs
+    completed."""
     pairs = []
     for k in range(1, steps_compared(ref, got)):
         true = truth.steps[k].grads if truth is not None and len(truth.steps) > k else None
-        pairs.append((f"iteration {ref.steps[k].iteration}:", ref.steps[k].grads, got.steps[k].grads, true))
+        step = ref.steps[k]
+        pairs.append((f"iteration {step.iteration}:", step.grads, got.steps[k].grads, true, tol.at(step.iteration)))
     return pairs
 
 
@@ -125,12 +127,12 @@ def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Toler
     truth = bound.truth if bound is not None else None
     true = truth.grads[index] if truth is not None and len(truth.grads) > index else None
     label = "" if ref.steps[1:] == [] or pass_index != -1 else "iteration 1:"
-    compared = [(label, ref.grads[index], got.grads[index], true)]
+    compared = [(label, ref.grads[index], got.grads[index], true, tol)]
     if pass_index == -1:
-        compared += _later_steps(ref, got, truth)
+        compared += _later_steps(ref, got, truth, tol)
     problems, tensors, elements = [], 0, 0
-    for label, ref_grads, got_grads, true_grads in compared:
-        problems += grad_mismatches(ref_grads, got_grads, tol, label, true_grads, bound)
+    for label, ref_grads, got_grads, true_grads, step_tol in compared:
+        problems += grad_mismatches(ref_grads, got_grads, step_tol, label, true_grads, bound)
         pairs = [(r, got_grads.get(n)) for n, r in ref_grads.items() if r is not None and got_grads.get(n) is not None]
         tensors, elements = tensors + len(pairs), elements + sum(r.numel() for r, _ in pairs)
     abs_err, rel_err = worst_errors(ref.grads[index], got.grads[index])

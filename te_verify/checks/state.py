@@ -31,8 +31,9 @@ def output_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tol
     truths = bound.truth.outputs if bound is not None else []
     for k, (want, have) in enumerate(zip(ref.outputs, got.outputs), start=1):
         label = ref.output_label(k - 1)
+        iteration = ref.output_iterations[k - 1] if k <= len(ref.output_iterations) else 1
         message = truth_problem(label, want, have, truths[k - 1], bound) if len(truths) >= k else \
-            compare_tensor(label, want, have, tol)
+            compare_tensor(label, want, have, tol.at(max(iteration, 1)))
         if message:
             problems.append(message)
     figures = {"outputs_compared": min(len(ref.outputs), len(got.outputs))}
@@ -93,7 +94,7 @@ def params_after_steps(case_id: str, backend: str, ref: Record, got: Record, tol
             unchanged = built is not None and torch.equal(built.cpu(), want.cpu())
             true = true_step.params.get(name) if true_step is not None else None
             problem = param_problem(f"{name} after step {want_step.iteration}", want, have_step.params.get(name),
-                                    unchanged, tol, true, bound)
+                                    unchanged, tol.at(want_step.iteration), true, bound)
             compared += 1
             problems += [problem] if problem else []
     figures = {"steps_compared": steps_compared(ref, got), "params_compared": compared}

@@ -87,7 +87,7 @@ class MicrobatchTrainer:
             self.trainer.hear("forward")
             out = self.fn(inputs.x, is_first_microbatch=m == 0) if self.first_flag else self.fn(inputs.x)
             self.record.add_output(out, f"iteration {k}, microbatch {m + 1}" if self.spec.iterations > 1
-                                   else f"microbatch {m + 1}", host=k > 1)
+                                   else f"microbatch {m + 1}", k, host=k > 1)
             if watch is not None:
                 watch.before_backward()
             self.trainer.hear("backward", m + 1)
