@@ -7,7 +7,8 @@ at the tex boundary sees two GEMMs per layer and role over slices of what the wh
 cannot be split so (K too short, an output quantizer, a GELU or userbuffers epilogue, a bias gradient over anything
 but the rows) runs whole. GroupedLinear's grouped GEMMs run whole.
 
-"recompute" is a planted fault: every fprop GEMM run twice, the first result thrown away. `install(mode)` patches
+Planted faults: "recompute" runs every fprop GEMM twice, the first result thrown away; "dequantized" runs FP8 GEMMs
+on fp32 copies of their operands. `install(mode)` patches
 the call sites for the process (a --te-impl module), `patched(mode)` for a block.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import sys
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -23,6 +25,7 @@ import torch
 
 from te_verify import te_api
 from te_verify.tecpu.gemm import output_shape
+from te_verify.tecpu.record import TEX_MODULE
 from te_verify.tecpu.te_classes import shape_of
 
 
@@ -33,6 +36,7 @@ def te_python_api() -> SimpleNamespace:
 
 
 te_python_api()
+from transformer_engine.pytorch.constants import TE_DType  # noqa: E402
 from transformer_engine.pytorch.cpp_extensions import gemm as _gemm  # noqa: E402
 from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage  # noqa: E402
 
@@ -124,7 +128,19 @@ def recompute_gemm(*args: Any, **kwargs: Any):
     return ORIGINAL(*call.args, **call.kwargs)
 
 
-GEMMS = {"split_k": split_k_gemm, "recompute": recompute_gemm, "te": ORIGINAL}
+def dequantized_gemm(*args: Any, **kwargs: Any):
+    """general_gemm with FP8 operands dequantized to fp32 first (by tex, so the record follows the copies): the same
+    FLOPs over four times the operand bytes."""
+    call = SIGNATURE.bind(*args, **kwargs)
+    call.apply_defaults()
+    p = dict(call.arguments)
+    if isinstance(p["A"], Float8TensorStorage) and isinstance(p["B"], Float8TensorStorage):
+        tex = sys.modules[TEX_MODULE]  # looked up per call: the record wraps the module's functions
+        p["A"], p["B"] = (tex.dequantize(t, TE_DType[torch.float32]) for t in (p["A"], p["B"]))
+    return ORIGINAL(**p)
+
+
+GEMMS = {"split_k": split_k_gemm, "recompute": recompute_gemm, "dequantized": dequantized_gemm, "te": ORIGINAL}
 
 
 def install(mode: str) -> None:

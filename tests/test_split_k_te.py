@@ -72,6 +72,14 @@ def test_a_discarded_fprop_recompute_at_the_tex_boundary_fails_naming_each_layer
     assert "layer 3: 2 fprop GEMMs, 1 required" in verdict.message
 
 
+def test_fp8_gemms_run_on_dequantized_copies_fail_on_operand_bytes_alone():
+    """The same FLOPs, each operand read in fp32 where the FP8 case reads one byte an element."""
+    verdict = gemm_work(FP8.id, "te_eager", FP8, _run(FP8, "dequantized"))
+    assert not verdict.ok
+    assert "layer 0: 1 fprop GEMM, 1 required (operand bytes 16,384 vs 4,096 required)" in verdict.message
+    assert "FLOPs" not in verdict.message  # every layer's FLOPs as required: the bytes alone fail it
+
+
 def _te_lane_pr_tier(folder, te_impl: str) -> dict[str, dict]:
     proc = run_pytest("cases", "--tier", "pr", "--backend", "te_eager", "--te-impl", te_impl, "-n", "2",
                       "--report-dir", str(folder))

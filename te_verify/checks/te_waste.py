@@ -54,7 +54,7 @@ def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
             want = 1 if role == "fprop" else (passes if role in roles else 0)
             got = count[(layer, role)]
             label = f"layer {layer}" + (f" ({_why(role)})" if role != "fprop" and role not in roles else "")
-            line = f"{label}: {got} {role} GEMM{'s' if got != 1 or role == 'fprop' else ''}, {want} required"
+            line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
             if role == "bgrad":
                 problems += [line] if got != want else []
                 continue

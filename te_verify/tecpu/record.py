@@ -6,7 +6,7 @@ functions up on the module at call time, so wrapping the module's attributes see
 TE's Python can skip or fake the record.
 
 Provenance: a GEMM operand is often an FP8 copy, not the tensor it came from. Every quantize maps the copy's
-buffers to its source, so an operand resolves to a root: the parameter it was quantized from (layer known)
+buffers to its source (and a dequantize its high-precision result to the same source), so an operand resolves to a root: the parameter it was quantized from (layer known)
 or the activation it was made from (layer known by data flow: the layer whose fprop consumed it).
 
 Slices: a GEMM may run over part of a tensor (split-K: a K-slice of the weight, of the activation, or of their FP8
@@ -125,7 +125,7 @@ class TexRecord:
     """What one recorder saw."""
 
     gemms: list[TexGemm] = field(default_factory=list)
-    # Buffer key of a quantized copy -> the root of the tensor it was quantized from.
+    # Buffer key of a quantized copy (or of a dequantized one) -> the root of the tensor it was quantized from.
     provenance: dict[RootKey, RootKey] = field(default_factory=dict)
     # Buffer key of a quantized copy -> bytes it holds (data, transpose and scale_inv).
     copy_bytes: dict[RootKey, int] = field(default_factory=dict)
@@ -197,19 +197,23 @@ class TexRecorder:
 
     def note_copy(self, source: torch.Tensor, copy: Any) -> None:
         """Map every buffer of a quantized copy to its source's root."""
-        src, buffers = self.root(source), _buffers(copy)
+        buffers = _buffers(copy)
+        self._map(buffers, self.root(source))
+        self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
+
+    def _map(self, buffers: list[torch.Tensor], source: RootKey | None) -> None:
+        """A copy's buffers (and any slice of them) resolve to `source`."""
         for buf in buffers:
             key = self.key(buf)
-            self.record.provenance[key] = src
+            self.record.provenance[key] = source
             copies = self._copies.setdefault(key[0], [])
             if not any(root == key for *_, root in copies):
                 copies.append((*byte_span(buf), key))
-        self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
 
     def __enter__(self) -> "TexRecorder":
         patch_tex(self._saved, (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
                                 ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
-                                ("split_quantize", self._wrap_split_quantize),
+                                ("split_quantize", self._wrap_split_quantize), ("dequantize", self._wrap_dequantize),
                                 *((name, functools.partial(self._wrap_unmeasured, name)) for name in UNMEASURED)))
         return self
 
@@ -271,6 +275,15 @@ class TexRecorder:
                 self.note_copy(input, out)
             return [grad_bias, out]
         return bgrad_quantize
+
+    def _wrap_dequantize(self, original: Callable) -> Callable:
+        def dequantize(*args: Any, **kwargs: Any):
+            named = dict(zip(("input", "otype"), args), **kwargs)
+            out = original(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and _buffers(named["input"]):  # a high-precision copy a GEMM may read
+                self._map([out], self.root(named["input"]))
+            return out
+        return dequantize
 
     def _wrap_unmeasured(self, name: str, original: Callable) -> Callable:
         def unmeasured(*args: Any, **kwargs: Any):
