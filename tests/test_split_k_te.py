@@ -90,7 +90,8 @@ def _te_lane_pr_tier(folder, te_impl: str) -> dict[str, dict]:
 def test_the_split_k_te_build_gets_te_s_outcome_on_every_te_lane_pr_case(tmp_path):
     """The whole TE-lane pr tier over `--te-impl split_k_te_build` and over TE itself: per case the same outcome
     and the same verdict of every check (known gaps failing as recorded), with more GEMMs at the tex boundary."""
-    split, te = _te_lane_pr_tier(tmp_path / "split", "split_k_te_build"), _te_lane_pr_tier(tmp_path / "te", te_api.CPU_CHOICE)
+    split = _te_lane_pr_tier(tmp_path / "split", "split_k_te_build")
+    te = _te_lane_pr_tier(tmp_path / "te", te_api.CPU_CHOICE)
     assert split.keys() == te.keys()
     assert {k: (r["outcome"], r.get("checks")) for k, r in split.items()} == \
         {k: (r["outcome"], r.get("checks")) for k, r in te.items()}

@@ -25,9 +25,10 @@ Why a dispatch mode and what it sees:
 - Layers: probes that know the model bind its linear weights (`bind_weights`, in layer order), and a forward GEMM
   with an operand on a weight's storage (the Parameter itself or any view or reinterpretation of it, as
   inductor's compiled code passes it) or on the weight's Parameter object (FSDP swaps its storage) is that
-  layer's; its other operand is the layer's input. A Parameter operand of no bound layer (a sharded wrapper's
-  unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th distinct Parameter
-  used as a forward GEMM operand is the weight of layer k.
+  layer's; its other operand is the layer's input (a backward GEMM on a slice of it, as split-K reads rows, is
+  found by overlapping bytes, checked to still hold that input's data). A Parameter operand of no bound layer (a
+  sharded wrapper's unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th
+  distinct Parameter used as a forward GEMM operand is the weight of layer k.
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ functions up on the module at call time, so wrapping the module's attributes see
 TE's Python can skip or fake the record.
 
 Provenance: a GEMM operand is often an FP8 copy, not the tensor it came from. Every quantize maps the copy's
-buffers to its source (and a dequantize its high-precision result to the same source), so an operand resolves to a root: the parameter it was quantized from (layer known)
-or the activation it was made from (layer known by data flow: the layer whose fprop consumed it).
+buffers to its source (and a dequantize its high-precision result to the same source), so an operand resolves to
+a root: the parameter it was quantized from (layer known) or the activation it was made from (layer known by data
+flow: the layer whose fprop consumed it).
 
 Slices: a GEMM may run over part of a tensor (split-K: a K-slice of the weight, of the activation, or of their FP8
 copies). A view that shares bytes of its storage with a tensor seen before (a registered parameter, a copy's
