@@ -182,6 +182,16 @@ def required_flops(spec: CaseSpec) -> int:
     return sum(s.gemm_flops() * (1 + replays * len(s.roles() - {"bgrad"})) for s in sites(spec))
 
 
+def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
+    """Bytes one GEMM of `role` reads (fprop x and W, dgrad dy and W, wgrad x and dy): one byte an element where
+    the case quantizes to FP8 (every GEMM of a TE FP8 recipe), else the case's element size. Split along K, the
+    parts read the same bytes between them."""
+    x, w, dy = site.rows * site.fan_in, site.fan_in * site.fan_out, site.rows * site.fan_out
+    elements = {"fprop": x + w, "dgrad": dy + w, "wgrad": x + dy}[role]
+    fp8 = spec.te is not None and spec.te.recipe is not None
+    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype])
+
+
 def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
     """Site label -> backward roles required ("dgrad", "wgrad", "bgrad"), from the masks in force at backward."""
     return {s.label: s.roles() for s in sites(spec)}

@@ -4,7 +4,8 @@
 - `transformer_engine_cpu`: the installed TE's Python layer over the tex emulation (te_verify.tecpu): TE's
   modules, autograd functions and quantizers are TE's own code; its C++ kernels are emulated, not under test.
 - `reference`: te_verify.reference, a pure-PyTorch model of TE's intended contract (te_eager only).
-- `package.module`: a module exposing the API subset below.
+- `package.module`: a module exposing the API subset below; one whose Linear is TE's own (a build patching TE's
+  Python) is measured as TE's Python is, at the tex boundary.
 Default: real TE where CUDA is available and TE imports; TE's Python over the emulation where the wheel is
 installed and there is no CUDA; else the reference. Every choice is checked cheaply at start (one line naming
 the problem and the choice that would work); TE's import itself happens on first use of `impl.api`.
@@ -173,7 +174,19 @@ def _external(name: str) -> TEImpl:
         raise TEImplError(f"--te-impl {name!r}: cannot import it: {type(exc).__name__}: {exc}") from None
     api = _namespace(module)
     _check(name, api)
+    if _is_te_python(api.Linear):  # a build over TE's own Python: measured at the tex boundary like TE itself
+        from te_verify import tecpu
+
+        kind, over = (EMULATED, "TE's Python over the tex emulation") if tecpu.booted() else (REAL, "TE's Python")
+        return TEImpl(name, kind, f"--te-impl {name}", f"{name} (a user-supplied TE API module over {over})",
+                      lambda: api)
     return TEImpl(name, EXTERNAL, f"--te-impl {name}", f"{name} (a user-supplied TE API module)", lambda: api)
+
+
+def _is_te_python(linear: type) -> bool:
+    """Whether a module's Linear is TE's own (or a subclass of it), so TE's Python layer serves it."""
+    return isinstance(linear, type) and any(c.__module__.startswith("transformer_engine.pytorch")
+                                            for c in linear.__mro__)
 
 
 def _default(capability: str) -> TEImpl:

@@ -164,3 +164,34 @@ def test_a_sliding_convolution_is_no_gemm() -> None:
     conv = torch.nn.Conv1d(4, 4, kernel_size=3, padding=1, bias=False)
     probe = _probe_conv(conv, torch.randn(2, 4, 8, requires_grad=True))
     assert probe.events == []
+
+
+_A, _B, _V = torch.randn(3, 4), torch.randn(4, 5), torch.randn(4)
+_BA, _BB = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+# Every GEMM-family variant a backend may write (in place, out=, composite), with its 2*m*k*n.
+GEMM_VARIANTS = {
+    "mm(out=)": (lambda: torch.mm(_A, _B, out=torch.empty(3, 5)), 120),
+    "matmul(out=)": (lambda: torch.matmul(_A, _B, out=torch.empty(3, 5)), 120),
+    "addmm_": (lambda: torch.zeros(3, 5).addmm_(_A, _B), 120),
+    "addmm(out=)": (lambda: torch.addmm(torch.zeros(5), _A, _B, out=torch.empty(3, 5)), 120),
+    "_addmm_activation": (lambda: torch._addmm_activation(torch.zeros(5), _A, _B), 120),
+    "linear": (lambda: torch.nn.functional.linear(_A, _B.t(), torch.zeros(5)), 120),
+    "einsum": (lambda: torch.einsum("ij,jk->ik", _A, _B), 120),
+    "bmm(out=)": (lambda: torch.bmm(_BA, _BB, out=torch.empty(2, 3, 5)), 240),
+    "baddbmm_": (lambda: torch.zeros(2, 3, 5).baddbmm_(_BA, _BB), 240),
+    "addbmm": (lambda: torch.addbmm(torch.zeros(3, 5), _BA, _BB), 240),
+    "addbmm_": (lambda: torch.zeros(3, 5).addbmm_(_BA, _BB), 240),
+    "mv": (lambda: torch.mv(_A, _V), 24),
+    "addmv_": (lambda: torch.zeros(3).addmv_(_A, _V), 24),
+}
+
+
+@pytest.mark.parametrize("variant", list(GEMM_VARIANTS))
+def test_every_gemm_variant_is_counted_with_its_flops(variant):
+    """A GEMM is work whatever wrote it: in place or into out= (whose result a backend may throw away), composite."""
+    run, flops = GEMM_VARIANTS[variant]
+    probe = GemmProbe()
+    with probe:
+        probe.phase("forward")
+        run()
+    assert [e.flops for e in probe.events] == [flops], [(e.op, e.flops) for e in probe.events]

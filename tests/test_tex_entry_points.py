@@ -17,9 +17,9 @@ from te_verify.record import Record
 from te_verify.tecpu import record as tex_record
 from te_verify.tecpu.record import TEX_MODULE, TexRecorder
 
-MEASURED = {"generic_gemm", "te_general_grouped_gemm", "quantize", "split_quantize", "bgrad_quantize"}
+MEASURED = {"generic_gemm", "te_general_grouped_gemm", "quantize", "split_quantize", "bgrad_quantize", "dequantize"}
 # Entry points that run no GEMM and make no quantized copy a GEMM reads, or serve recipes outside the matrix.
-NOT_GEMM = {"dequantize", "group_dequantize", "create_empty_quantized_tensor", "get_grouped_gemm_setup_workspace_size",
+NOT_GEMM = {"group_dequantize", "create_empty_quantized_tensor", "get_grouped_gemm_setup_workspace_size",
             "swizzle_scales_for_gemm_", "grouped_swizzle_for_gemm", "multi_tensor_swizzle_scales_for_gemm_",
             "multi_tensor_swizzle_scales_for_gemm_unchecked_", "multi_tensor_quantize",  # MXFP8/NVFP4 scale layouts
             "nvfp4_quantize_with_amax", "nvfp4_group_quantize_with_amax"}  # NVFP4 recipes (refused)

@@ -5,8 +5,12 @@ They run every layer through one autograd.Function whose faults are switched on 
 - extra_activation: forward saves a full-size copy of the layer input besides what backward needs;
 - weight_copy: forward saves an FP8-like (float8_e4m3fn) copy of the weight for layers whose dgrad is not needed;
 - big_temporary: backward allocates a temporary 64x the size of the layer input.
+And whole backends: DiscardedRecompute (each forward GEMM once more, by addmm_, mm(out=) or baddbmm_, thrown away)
+and its clean twin SplitK (each Linear as two half-K GEMMs: the same FLOPs, as correct as eager).
 """
 from __future__ import annotations
+
+import types
 
 import torch
 
@@ -59,3 +63,97 @@ class PlantedBackend:
             return x
 
         return run
+
+
+class _SplitKLinear(torch.autograd.Function):
+    """y = x W^T + b, each GEMM as two half-K GEMMs accumulated into one output (as a split-K kernel does): fprop
+    over halves of the input features (x[:, :h] W[:, :h]^T + x[:, h:] W[:, h:]^T), dgrad over halves of the output
+    features, wgrad over halves of the rows. Operands are views (of the input, of the weight's storage, of the
+    output gradient), nothing is copied, and it saves what eager saves."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        needs_x, needs_w = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(x if needs_w else None, weight if needs_x else None)
+        ctx.has_bias = bias is not None
+        h = x.shape[1] // 2
+        out = torch.mm(x[:, :h], weight[:, :h].t()) if bias is None else torch.addmm(bias, x[:, :h], weight[:, :h].t())
+        return out.addmm_(x[:, h:], weight[:, h:].t())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad_x = grad_w = None
+        if need_x:
+            h = grad.shape[1] // 2
+            grad_x = torch.mm(grad[:, :h], weight[:h]).addmm_(grad[:, h:], weight[h:])
+        if need_w:
+            h = grad.shape[0] // 2
+            grad_w = torch.mm(grad[:h].t(), x[:h]).addmm_(grad[h:].t(), x[h:])
+        return grad_x, grad_w, grad.sum(0) if need_b else None
+
+
+def _split_k(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The Linear through _SplitKLinear; eager's linear where a dimension is too small to split."""
+    x2 = x.reshape(-1, x.shape[-1])  # a view where eager's linear flattens with a view too
+    if min(x2.shape[0], *self.weight.shape) < 2:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    out = _SplitKLinear.apply(x2, self.weight, self.bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class SplitK:
+    """A correct implementation that runs every torch.nn.Linear's fprop, dgrad and wgrad GEMM as two half-K GEMMs
+    (another accumulation order, the same FLOPs and memory): it must pass every check (`--backend
+    waste_planted:SplitK`)."""
+
+    name = "split_k"
+    lane = "torch"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        for module in model.modules():
+            if type(module) is torch.nn.Linear:
+                module.forward = types.MethodType(_split_k, module)
+        return model
+
+
+def _recompute(op: str, x2: torch.Tensor, weight: torch.Tensor) -> None:
+    """The layer's forward GEMM once more, written by `op` into a scratch buffer that is then dropped."""
+    x2, w = x2.detach(), weight.detach()
+    scratch = torch.zeros(x2.shape[0], w.shape[0], dtype=x2.dtype)
+    if op == "addmm_":
+        scratch.addmm_(x2, w.t())
+    elif op == "mm_out":
+        torch.mm(x2, w.t(), out=scratch)
+    else:  # baddbmm_
+        scratch.unsqueeze(0).baddbmm_(x2.unsqueeze(0), w.t().unsqueeze(0))
+
+
+class DiscardedRecompute:
+    """Every Linear as eager computes it, plus its forward GEMM recomputed with `op` ("addmm_", "mm_out" or
+    "baddbmm_") and thrown away: work the case does not need, whatever op wrote it."""
+
+    lane = "torch"
+
+    def __init__(self, op: str = "addmm_") -> None:
+        self.op = op
+        self.name = f"discarded_recompute_{op}"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        op = self.op
+
+        def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+            _recompute(op, x.reshape(-1, x.shape[-1]), self.weight)
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+
+        for module in model.modules():
+            if type(module) is torch.nn.Linear:
+                module.forward = types.MethodType(forward, module)
+        return model

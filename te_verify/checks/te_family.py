@@ -2,7 +2,8 @@
 
 Each site is held to the oracle's rule (te_verify.oracle over the family's module graph): one fprop; per backward
 pass one dgrad iff its input needs a gradient and one wgrad iff its weight is trainable, so a frozen TE base runs
-NO wgrad GEMM. Sources, both below the implementation under test and both naming sites by qualified module name:
+NO wgrad GEMM. Judged by the FLOPs each site spends per pass and role, however many GEMMs spent them (split-K).
+Sources, both below the implementation under test and both naming sites by qualified module name:
 - the TE bases ("<projection>.base"): under TE's Python, the tex record (probes.tex_gemm), attributed by parameter
   provenance; a base GEMM seen only by aten (outside any tex call) is then a failure: the base was not run by TE.
   Under a pure-PyTorch --te-impl (a user's build, the reference) there is no tex record: its GEMMs are the aten
@@ -73,17 +74,20 @@ def tex_site_events(spec: CaseSpec, record: Record) -> list[tuple[Any, int, str,
 
 def site_gemms(record: Record, tex_events: list) -> tuple[Counter, Counter, Counter, dict[str, Any]]:
     """(tex counts, aten counts) by (site label, pass, role), tex wgrads narrowed to several sites by (site set,
-    pass), and what names no site; `tex_events` from tex_site_events."""
-    tex, aten, groups = Counter(), Counter(), Counter()
+    pass), and the rest: what names no site, and the FLOPs of both sources ("flops", by the same keys as the counts;
+    "group_flops", by the groups' keys); `tex_events` from tex_site_events."""
+    tex, aten, groups, flops, group_flops = Counter(), Counter(), Counter(), Counter(), Counter()
     tex_unattributed = aten_unattributed = 0
     outside = []
-    for site, k, role, _ in tex_events:
+    for site, k, role, gemm_flops in tex_events:
         if site == "?" or role not in ROLES:
             tex_unattributed += 1
         elif isinstance(site, frozenset):
             groups[(site, k)] += 1
+            group_flops[(site, k)] += gemm_flops
         else:
             tex[(site, k, role)] += 1
+            flops[(site, k, role)] += gemm_flops
     labels = record.observations.get("aten_gemm_labels", [])
     for e in record.observations.get("aten_gemm_events", []):
         if outside_sites(e):
@@ -91,24 +95,31 @@ def site_gemms(record: Record, tex_events: list) -> tuple[Counter, Counter, Coun
         elif e.layer is None or e.layer >= len(labels) or e.role not in ROLES:
             aten_unattributed += 1
         else:
-            aten[(labels[e.layer], 0 if e.phase == "forward" else e.pass_index, e.role)] += 1
+            key = (labels[e.layer], 0 if e.phase == "forward" else e.pass_index, e.role)
+            aten[key] += 1
+            flops[key] += e.flops
     return tex, aten, groups, {"tex_unattributed": tex_unattributed, "aten_unattributed": aten_unattributed,
-                               "outside": outside}
+                               "outside": outside, "flops": flops, "group_flops": group_flops}
 
 
-def _group_problems(spec: CaseSpec, groups: Counter, tex: Counter, aten: Counter) -> tuple[list[str], set]:
-    """Wgrads known only to belong to one of several sites: their count against those sites' required wgrads."""
+def _group_problems(spec: CaseSpec, groups: Counter, tex: Counter, aten: Counter, other: dict[str, Any]
+                    ) -> tuple[list[str], set]:
+    """Wgrads known only to belong to one of several sites: their FLOPs against those sites' required wgrads'."""
     roles = {s.label: s.roles() for s in sites(spec)}
+    site_flops = {s.label: s.gemm_flops() for s in sites(spec)}
     problems, judged = [], set()
     for (group, k), n in sorted(groups.items(), key=lambda item: (sorted(item[0][0]), item[0][1])):
         labels = sorted(group)
         judged |= {(label, k) for label in labels}
         got = n + sum(tex[(l, k, "wgrad")] + aten[(l, k, "wgrad")] for l in labels)
         want = sum("wgrad" in roles[l] for l in labels)
-        if got != want:
+        got_flops = other["group_flops"][(group, k)] + sum(other["flops"][(l, k, "wgrad")] for l in labels)
+        want_flops = sum(site_flops[l] for l in labels if "wgrad" in roles[l])
+        if got_flops != want_flops:
             frozen = [l for l in labels if "wgrad" not in roles[l]]
             problems.append(f"sites {' | '.join(labels)}: {got} wgrad GEMMs in backward pass {k}, {want} required"
-                            + (f" ({', '.join(frozen)}: frozen weight)" if frozen else ""))
+                            + (f" ({', '.join(frozen)}: frozen weight)" if frozen else "")
+                            + f" (FLOPs {got_flops:,} vs {want_flops:,} required)")
     return problems, judged
 
 
@@ -127,7 +138,7 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
     passes = record.passes_done if graph_exists(spec) else 0
     problems = [f"{n} {src} GEMM(s) not attributable to a site" for src, n in
                 (("tex", other["tex_unattributed"]), ("aten", other["aten_unattributed"])) if n]
-    grouped, judged = _group_problems(spec, groups, tex, aten)
+    grouped, judged = _group_problems(spec, groups, tex, aten, other)
     problems += grouped
     for site in sites(spec):
         label, roles = site.label, site.roles()
@@ -141,11 +152,12 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
                     continue
                 want = 1 if k == 0 or role in roles else 0
                 got = tex[(label, k, role)] + aten[(label, k, role)]
-                if got != want:
+                got_flops, want_flops = other["flops"][(label, k, role)], want * site.gemm_flops()
+                if got_flops != want_flops:
                     why = f" ({_why(role)})" if k and role not in roles else ""
                     where = "forward" if k == 0 else f"backward pass {k}"
                     problems.append(f"site {label}{why}: {got} {role} GEMM{'s' if got != 1 else ''} in {where}, "
-                                    f"{want} required")
+                                    f"{want} required (FLOPs {got_flops:,} vs {want_flops:,} required)")
     stray = sorted({l for (l, _, _) in tex | aten} - {s.label for s in sites(spec)})
     problems += [f"GEMMs of {l}, which is no linear site" for l in stray]
     site_flops = sum(f for site, _, _, f in tex_events if site != "?") + sum(

@@ -1,6 +1,7 @@
-"""Minimal work of the TE lane, against te_verify.oracle: per layer and backward pass exactly the required GEMMs
-(fprop always; dgrad iff the layer's input needs a gradient; wgrad iff the weight is trainable), the FLOPs, the
-saved-for-backward bytes, and which FP8 copies were kept. Pure functions of records.
+"""Minimal work of the TE lane, against te_verify.oracle: per layer and role the FLOPs and operand bytes of exactly
+the required GEMMs (fprop always; dgrad iff the layer's input needs a gradient; wgrad iff the weight is trainable;
+per backward pass), however many GEMMs spent them (split-K), the saved-for-backward bytes, and which FP8 copies
+were kept. Pure functions of records.
 
 Sources, all below the implementation under test: the GEMMs come from the tex record (probes.tex_gemm, TE's
 Python over real or emulated tex) or, for a pure-PyTorch --te-impl, from the aten GEMMs it dispatches
@@ -17,7 +18,7 @@ from typing import Any
 from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import by_role
-from te_verify.oracle import graph_exists, required_flops, required_roles, required_saved, sites
+from te_verify.oracle import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -28,27 +29,56 @@ def _why(role: str) -> str:
     return {"wgrad": "frozen weight", "bgrad": "frozen bias", "dgrad": "input needs no grad"}.get(role, role)
 
 
-def _count_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
-    counts = Counter((e.layer, e.role) for e in events)
+def _work_by_site(events: list) -> tuple[Counter, Counter, Counter | None]:
+    """(GEMM counts, FLOPs, operand bytes) by (layer, role); bytes None where a source does not measure them (aten)."""
+    count, flops, read = Counter(), Counter(), Counter()
+    for e in events:
+        count[(e.layer, e.role)] += 1
+        flops[(e.layer, e.role)] += e.flops
+        read[(e.layer, e.role)] += getattr(e, "operand_bytes", 0)
+    return count, flops, read if all(hasattr(e, "operand_bytes") for e in events) else None
+
+
+def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
+    """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
+    need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
+    split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events."""
+    count, flops, read = _work_by_site(events)
     # The reference logs its bias reductions; at the tex boundary a bias gradient is a GEMM epilogue, not an event.
-    measured = ("dgrad", "wgrad", "bgrad") if counts and any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
+    measured = ("dgrad", "wgrad", "bgrad") if any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
     unattributed = sum(e.layer == "?" for e in events)
     problems = [f"{unattributed} GEMM(s) not attributable to a layer"] if unattributed else []
-    for layer, roles in required_roles(spec).items():
-        for role in measured:
-            want, got = (passes if role in roles else 0), counts[(layer, role)]
-            if got != want:
-                label = f"layer {layer}" + (f" ({_why(role)})" if role not in roles else "")
-                problems.append(f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required")
-        if counts[(layer, "fprop")] != 1:
-            problems.append(f"layer {layer}: {counts[(layer, 'fprop')]} fprop GEMMs, 1 required")
+    for site in sites(spec):
+        layer, roles = site.label, site.roles()
+        for role in ("fprop", *measured):
+            want = 1 if role == "fprop" else (passes if role in roles else 0)
+            got = count[(layer, role)]
+            label = f"layer {layer}" + (f" ({_why(role)})" if role != "fprop" and role not in roles else "")
+            line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
+            if role == "bgrad":
+                problems += [line] if got != want else []
+                continue
+            want_flops, want_bytes = want * site.gemm_flops(), want * operand_bytes(spec, site, role)
+            spent = flops[(layer, role)]
+            figures = [f"FLOPs {spent:,} vs {want_flops:,}"] if spent != want_flops else []
+            if read is not None and read[(layer, role)] != want_bytes:
+                figures.append(f"operand bytes {read[(layer, role)]:,} vs {want_bytes:,}")
+            if figures:
+                problems.append(f"{line} ({', '.join(figures)} required)")
     return problems
 
 
 def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
-    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required and their ratio."""
-    actual, required = sum(e.flops for e in events if e.role != "bgrad"), required_flops(spec)
-    return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
+    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required and their ratio, and the
+    GEMMs and FLOPs by role."""
+    gemms = [e for e in events if e.role != "bgrad"]
+    actual, required = sum(e.flops for e in gemms), required_flops(spec)
+    by_role: Counter = Counter()
+    for e in gemms:
+        by_role[e.role] += e.flops
+    return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required),
+            "gemms_by_role": dict(sorted(Counter(e.role for e in gemms).items())),
+            "flops_by_role": dict(sorted(by_role.items()))}
 
 
 @dataclass(frozen=True)
@@ -91,11 +121,12 @@ def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Recor
 
 
 def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
-    """Each backward pass runs exactly the required GEMMs per layer; the forward one fprop per layer."""
+    """Each layer spends the FLOPs (and at the tex boundary reads the operand bytes) of exactly the required GEMMs:
+    one fprop in the forward, per backward pass a dgrad and a wgrad where required (_work_problems)."""
     events = measured_gemms(spec, record)
     if events is None:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: no GEMM record (run without its probe?)")
-    problems = _count_problems(spec, events, record.passes_done)
+    problems = _work_problems(spec, events, record.passes_done)
     unmeasured = sorted(set(getattr(record.observations.get("tex_record"), "unmeasured", [])))
     if unmeasured:  # TE's grouped-tensor path (real TE on sm90+): its GEMMs are missing from the counts above
         problems.insert(0, f"TE called tex.{', tex.'.join(unmeasured)}, whose GEMMs the tex record does not measure "

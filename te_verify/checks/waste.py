@@ -1,8 +1,10 @@
 """Minimal-work checks: measured FLOPs, GEMMs, saved bytes and peak against te_verify.oracle's required figures.
 
-Pure functions of (spec, record). FLOPs and GEMM counts are exact for every backend (they do not depend on
-dtype or compiler: a GEMM more than required is work the case does not need). Saved bytes and peak may exceed
-the required figure by the backend's slack below; a rise beyond it fails and names the layer and role.
+Pure functions of (spec, record). FLOPs are exact for every backend (they do not depend on dtype or compiler),
+judged per pass, layer and role: more than required is work the case does not need (a GEMM whose result is thrown
+away too), fewer is a missing GEMM; how many GEMMs spent them is a figure (split-K runs one GEMM as two). Saved
+bytes and peak may exceed the required figure by the backend's slack below; a rise beyond it fails and names the
+layer and role.
 """
 from __future__ import annotations
 
@@ -78,21 +80,35 @@ def by_role(counts: Counter) -> Counter:
     return out
 
 
-def _compare(where: str, want: Counter, got: Counter, label) -> tuple[list[str], list[str]]:
-    """Surpluses are problems. A shortfall is a note: the work ran as other ops (inductor lowers an mm with a
-    dimension of 1 to a pointwise product), and whether it ran right is the parity checks' business."""
+def lowerable(site: Site) -> bool:
+    """A GEMM with a dimension of 1, which compilers lower to pointwise ops (inductor's mm/addmm/bmm
+    decompositions): its work may run as no GEMM at all."""
+    return min(site.rows, site.fan_in, site.fan_out) == 1
+
+
+def _compare(where: str, want: tuple[Counter, Counter], got: tuple[Counter, Counter], label,
+             may_lower) -> tuple[list[str], list[str]]:
+    """Judge FLOPs per key (a (layer, role), or a role), `want`/`got` being (GEMM counts, FLOPs). More FLOPs than
+    required is waste; fewer is a missing GEMM, except where `may_lower(key)` (the work ran as other ops: a note,
+    and whether it ran right is the parity checks' business). The count is a figure: split-K is two GEMMs."""
     problems, notes = [], []
-    for key in sorted(set(want) | set(got), key=str):
-        line = f"{where}: {label(key)}: {got[key]} {key[-1] if isinstance(key, tuple) else key} GEMM, {want[key]} required"
-        if got[key] > want[key]:
+    for key in sorted(set(want[1]) | set(got[1]), key=str):
+        if got[1][key] == want[1][key]:
+            continue
+        role = key[-1] if isinstance(key, tuple) else key
+        line = (f"{where}: {label(key)}: {got[0][key]} {role} GEMM, {want[0][key]} required "
+                f"(FLOPs {got[1][key]:,} vs {want[1][key]:,} required)")
+        if got[1][key] > want[1][key]:
             problems.append(line)
-        elif got[key] < want[key]:
+        elif may_lower(key):
             notes.append(line + " (not seen as a GEMM: ran as other ops)")
+        else:
+            problems.append(line + " (GEMM work missing)")
     return problems, notes
 
 
 def _swapped(spec: CaseSpec, want: Counter, got: Counter) -> str:
-    """Names of same-shaped sites where one has a GEMM too many and another one too few of the same role (an
+    """Names of same-shaped sites where one has more FLOPs than required and another fewer in the same role (an
     attribution by data flow that a reused buffer misled, not work): '' when there are none."""
     shape = {s.layer: (s.fan_in, s.fan_out) for s in sites(spec)}
     label = {s.layer: s.label for s in sites(spec)}
@@ -104,26 +120,39 @@ def _swapped(spec: CaseSpec, want: Counter, got: Counter) -> str:
     return "sites " + ", ".join(sorted({label[layer] for p in pairs for layer, _ in p}))
 
 
+def _work(spec: CaseSpec, gemms) -> tuple[Counter, Counter]:
+    """(GEMM counts, FLOPs) per (layer, role) of the required (layer, role) list `gemms`."""
+    counts = Counter(gemms)
+    return counts, Counter({key: n * site_at(spec, key[0]).gemm_flops() for key, n in counts.items()})
+
+
 def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
-    """(surplus GEMMs, notes): by (layer, role) in the forward and each backward pass; a pass with GEMMs no layer
-    can be named for (identity and shapes both lost) is judged by role counts, with a note."""
-    forward = Counter(forward_gemms(spec))
-    backward = Counter(backward_gemms(spec)) if graph_exists(spec) else Counter()
+    """(problems, notes): FLOPs by (layer, role) in the forward and each backward pass against the required GEMMs',
+    whatever the number of GEMMs that spent them (a split-K GEMM is several); a pass with GEMMs no layer can be
+    named for (identity and shapes both lost) is judged by role, with a note."""
+    forward = _work(spec, forward_gemms(spec))
+    backward = _work(spec, backward_gemms(spec) if graph_exists(spec) else [])
+    nothing = (Counter(), Counter())
     passes = set(range(spec.replays + 1)) | {e.pass_index for e in events}
+    lowered = {s.layer for s in sites(spec) if lowerable(s)}
     problems, notes = [], []
     for k in sorted(passes):
-        want = forward if k == 0 else (backward if k <= spec.replays else Counter())
-        got = Counter((e.layer, e.role) for e in events if e.pass_index == k)
+        want = forward if k == 0 else (backward if k <= spec.replays else nothing)
+        ran = [e for e in events if e.pass_index == k]
+        got = (Counter((e.layer, e.role) for e in ran), Counter())
+        for e in ran:
+            got[1][(e.layer, e.role)] += e.flops
         where = "forward" if k == 0 else f"backward pass {k}"
-        unattributed = sum(n for (layer, _), n in got.items() if layer is None)
-        swapped = _swapped(spec, want, got)
+        unattributed = sum(n for (layer, _), n in got[0].items() if layer is None)
+        swapped = _swapped(spec, want[1], got[1])
         if unattributed or swapped:
             notes.append(f"{where}: {unattributed} GEMM(s) not attributable to a layer; judged by role and FLOPs"
                          if unattributed else f"{where}: GEMMs of same-shaped {swapped} told apart by data flow "
                          "disagree with the required ones (a compiler reused a buffer); judged by role and FLOPs")
-            found = _compare(where, by_role(want), by_role(got), lambda role: "all layers")
+            found = _compare(where, (by_role(want[0]), by_role(want[1])), (by_role(got[0]), by_role(got[1])),
+                             lambda role: "all layers", lambda role: bool(lowered))
         else:
-            found = _compare(where, want, got, lambda key: _layer_label(spec, *key))
+            found = _compare(where, want, got, lambda key: _layer_label(spec, *key), lambda key: key[0] in lowered)
         problems += found[0]
         notes += found[1]
     return problems, notes
@@ -131,12 +160,14 @@ def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
 
 def flops_verdict(spec: CaseSpec, record: Record, backend: str, label: str | None = None,
                   events: list | None = None) -> Verdict:
-    """FLOPs equal the oracle's and every pass runs exactly the required GEMMs (`label` names the run; `events`:
-    the GEMMs to judge, default all the probe saw)."""
+    """FLOPs equal the oracle's, per pass, layer and role (`label` names the run; `events`: the GEMMs to judge,
+    default all the probe saw)."""
     actual = record.figures.get("flops_actual", 0) if events is None else sum(e.flops for e in events)
     events = record.observations.get("gemm_events", []) if events is None else events
     required = required_flops(spec)
-    figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required)}
+    figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required),
+               "gemms_by_role": dict(sorted(Counter(e.role for e in events).items())),
+               "flops_by_role": dict(sorted(_role_flops(events).items()))}
     problems, notes = gemm_problems(spec, events)
     if notes:
         figures["gemm_attribution"] = "; ".join(notes)
@@ -144,6 +175,13 @@ def flops_verdict(spec: CaseSpec, record: Record, backend: str, label: str | Non
     message = "" if ok else (f"{label or f'{spec.id} [{backend}]'}: FLOPs {actual:,} vs {required:,} required "
                              f"(ratio {figures['flops_ratio']}); " + "; ".join(problems))
     return Verdict("waste_flops", ok, message, figures)
+
+
+def _role_flops(events: list) -> Counter:
+    flops: Counter = Counter()
+    for e in events:
+        flops[e.role] += e.flops
+    return flops
 
 
 def _saved_surplus(spec: CaseSpec, record: Record) -> list[str]:

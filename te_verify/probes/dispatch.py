@@ -25,9 +25,10 @@ Why a dispatch mode and what it sees:
 - Layers: probes that know the model bind its linear weights (`bind_weights`, in layer order), and a forward GEMM
   with an operand on a weight's storage (the Parameter itself or any view or reinterpretation of it, as
   inductor's compiled code passes it) or on the weight's Parameter object (FSDP swaps its storage) is that
-  layer's; its other operand is the layer's input. A Parameter operand of no bound layer (a sharded wrapper's
-  unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th distinct Parameter
-  used as a forward GEMM operand is the weight of layer k.
+  layer's; its other operand is the layer's input (a backward GEMM on a slice of it, as split-K reads rows, is
+  found by overlapping bytes, checked to still hold that input's data). A Parameter operand of no bound layer (a
+  sharded wrapper's unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th
+  distinct Parameter used as a forward GEMM operand is the weight of layer k.
 """
 from __future__ import annotations
 
@@ -41,9 +42,19 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from te_verify.probes.conv_gemms import CONV_OPS, conv_gemms
+from te_verify.tecpu.record import byte_span
 
 aten = torch.ops.aten
-GEMM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm})
+# Every GEMM-family aten op, with the positions of its two operands. Keyed by overload packet, so every overload
+# counts: out= (mm.out: inductor's extern kernels write into their buffers), dtype variants; the in-place ops are
+# packets of their own (addmm_). matmul, linear and einsum are composite: they reach dispatch as these. A GEMM whose
+# result is thrown away is counted all the same: it is work.
+GEMM_OPERANDS: dict[Any, tuple[int, int]] = {
+    aten.mm: (0, 1), aten.bmm: (0, 1), aten.addmm: (1, 2), aten.addmm_: (1, 2), aten.baddbmm: (1, 2),
+    aten.baddbmm_: (1, 2), aten.addbmm: (1, 2), aten.addbmm_: (1, 2), aten._addmm_activation: (1, 2),
+    aten.mv: (0, 1), aten.addmv: (1, 2), aten.addmv_: (1, 2), aten._scaled_mm: (0, 1), aten._int_mm: (0, 1),
+}
+GEMM_OPS = frozenset(GEMM_OPERANDS)
 StorageKey = Any  # int serial for storages made during the run, ("pre", data_ptr) for older ones
 
 
@@ -64,6 +75,9 @@ class LayerMap:
     output_views: dict[tuple, int] = field(default_factory=dict, repr=False)
     # A fingerprint of each input view's data (fingerprint()): a compiler may later reuse the buffer in place.
     input_prints: dict[tuple, float] = field(default_factory=dict, repr=False)
+    # Storage key -> (byte span, view, shape, strides, element size) of each input view held as is (not a copy): a
+    # slice of it (a split-K GEMM's) is found by overlap, and checked to still hold that view's data.
+    input_regions: dict[StorageKey, list[tuple]] = field(default_factory=dict, repr=False)
     # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Index for the per-GEMM lookups: weight key -> layer.
@@ -92,6 +106,11 @@ class LayerMap:
             self.input_sets[view] = self.input_sets.get(view, frozenset()) | {layer}
             if print_ is not None:
                 self.input_prints[view] = print_
+
+    def add_region(self, t: torch.Tensor, view: tuple) -> None:
+        regions = self.input_regions.setdefault(view[0], [])
+        if not any(r[2] == view for r in regions):
+            regions.append((*byte_span(t), view, tuple(t.shape), t.stride(), t.element_size()))
 
     def layers_of_input_view(self, view: tuple, print_: float | None = None) -> frozenset:
         """Every layer whose forward input is this view (empty if the buffer now holds other data)."""
@@ -170,27 +189,37 @@ _FRESH = 1  # no return aliases an argument: every output storage is a new alloc
 _SCAN = 2  # some return may alias an argument: an output is new only if no argument shares its storage
 _GEMM = 4  # one of GEMM_OPS: learn layers and tell the listeners
 _CONV = 8  # a convolution or its backward: the ones that are GEMMs tell the listeners (probes.conv_gemms)
-# id(op) -> (flags, the op's C++ callable); ids are stable because _KNOWN_OPS keeps every op alive.
-_OP_INFO: dict[int, tuple[int, Callable[..., Any]]] = {}
+# id(op) -> (flags, the op's C++ callable, a GEMM's operand positions); ids are stable because _KNOWN_OPS keeps
+# every op alive.
+_OP_INFO: dict[int, tuple[int, Callable[..., Any], tuple[int, int] | None]] = {}
 _KNOWN_OPS: list[Any] = []
 
 
-def _op_info(func: Any) -> tuple[int, Callable[..., Any]]:
-    """Flags of one op and what to call to run it. Views, in-place and out= ops (all returns aliased) get no
-    tracking flag. The callable is the OpOverload's own C++ op, skipping its Python __call__ frame."""
+def _op_info(func: Any) -> tuple[int, Callable[..., Any], tuple[int, int] | None]:
+    """Flags of one op, what to call to run it, and a GEMM's operand positions. Views, in-place and out= ops (all
+    returns aliased) get no tracking flag (a GEMM among them still gets _GEMM). The callable is the OpOverload's own
+    C++ op, skipping its Python __call__ frame."""
     schema = getattr(func, "_schema", None)
     if schema is None:
         kind = _SCAN
     else:
         aliased = [r.alias_info is not None for r in schema.returns]
         kind = 0 if all(aliased) else _SCAN if any(aliased) else _FRESH
-    if getattr(func, "overloadpacket", None) in GEMM_OPS:
+    operands = GEMM_OPERANDS.get(getattr(func, "overloadpacket", None))
+    if operands is not None:
         kind |= _GEMM
     elif getattr(func, "overloadpacket", None) in CONV_OPS:
         kind |= _CONV
     _KNOWN_OPS.append(func)
-    _OP_INFO[id(func)] = info = (kind, getattr(func, "_op", func))
+    _OP_INFO[id(func)] = info = (kind, getattr(func, "_op", func), operands)
     return info
+
+
+def gemm_flops(a: torch.Tensor, b: torch.Tensor) -> int:
+    """2*m*k*n (torch.utils.flop_counter's formula) from the operands: a is (..., m, k), b is (..., k, n) or a
+    vector (n = 1); batch dims count (bmm, and addbmm, whose output has none)."""
+    rows = a.numel() // a.shape[-1] if a.shape[-1] else 0
+    return 2 * rows * a.shape[-1] * (b.shape[-1] if b.dim() >= 2 else 1)
 
 
 class Watcher(TorchDispatchMode):
@@ -314,9 +343,8 @@ class Watcher(TorchDispatchMode):
         if self.follow_copies and kind & _FRESH and not kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
             self._note_copy(out, args)
         if kind & _GEMM and isinstance(out, torch.Tensor) and is_real(out):
-            # torch.utils.flop_counter's 2*m*k*n: k is the last dim of args[-2] (self of mm/bmm, mat1/batch1 of
-            # addmm/baddbmm; their beta/alpha are keyword-only).
-            self._gemm(func, args[-2:], out, 2 * args[-2].shape[-1] * out.numel())
+            a, b = (args[i] for i in info[2])  # positional in dispatch: only keyword-only arguments are kwargs
+            self._gemm(func, (a, b), out, gemm_flops(a, b))
         elif kind & _CONV and all(is_real(o) for o in (out if isinstance(out, tuple) else (out,)) if o is not None):
             for operands, result, flops in conv_gemms(func, args, out):
                 self._gemm(func, operands, result, flops)
@@ -416,7 +444,23 @@ class Watcher(TorchDispatchMode):
         self.layers.output_views.setdefault(self.view_key(out), layer)
         self.layers.set_input_shape(layer, tuple(other.shape))
         view = self.root_view(other)
-        self.layers.add_input(layer, self.key(other), view, fingerprint(other) if view == self.view_key(other) else None)
+        as_is = view == self.view_key(other)
+        self.layers.add_input(layer, self.key(other), view, fingerprint(other) if as_is else None)
+        if as_is:
+            self.layers.add_region(other, view)
+
+    def input_layers_overlapping(self, t: torch.Tensor) -> frozenset:
+        """Layers whose forward input (held as is) shares bytes of `t`'s storage and still holds the data it held
+        then: a slice of a layer's input (a K-slice in a split-K GEMM) is that layer's input."""
+        if type(t) is not torch.Tensor:  # a wrapper subclass (DTensor) has no plain storage to slice
+            return frozenset()
+        key, span, found = self.key(t), byte_span(t), frozenset()
+        nbytes = t.untyped_storage().nbytes()  # a storage resized since holds the input no more
+        for start, end, view, shape, stride, size in self.layers.input_regions.get(key, ()):
+            if start < span[1] and span[0] < end and size == t.element_size() and end <= nbytes:
+                whole = t.as_strided(shape, stride, view[1])  # the input as it was viewed, in today's storage
+                found |= self.layers.layers_of_input_view(view, fingerprint(whole))
+        return found
 
     def set_phase(self, name: str) -> None:
         """Idle pops the mode off the stack (when it is on top), so the harness's snapshots pay no dispatch."""

@@ -1,8 +1,9 @@
 """GEMMs and FLOPs by phase (forward/backward pass k), role (fprop/dgrad/wgrad) and layer.
 
-Counts aten mm/addmm/bmm/baddbmm, and the convolutions that are GEMMs (probes.conv_gemms: LitGPT's fused-qkv
-LoRA B), as they run on real tensors (the shared Watcher in dispatch.py; FLOPs with the formula of
-torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted), so it sees eager,
+Counts every GEMM-family aten op (dispatch.GEMM_OPERANDS: mm, addmm, bmm, baddbmm, addbmm, mv, addmv,
+_addmm_activation, _scaled_mm, in-place and out= variants included), and the convolutions that are GEMMs
+(probes.conv_gemms: LitGPT's fused-qkv LoRA B), as they run on real tensors (the shared Watcher in dispatch.py;
+FLOPs with the formula of torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted), so it sees eager,
 thunder's torch executor and torch.compile's aot_eager graphs alike, and never a compiler's FakeTensor or
 proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS calls) are not seen.
 
@@ -17,6 +18,8 @@ linear weights, so views of their storage attribute whatever the backend calls t
   "dgrad"; the layer is named only if exactly one layer has that shape. In square stacks the layer is then
   None, and the role is "unknown" when the output shape matches both a weight and an input (batch == width).
   A backend that computes with copies of weights or activations (FP8 casts) is attributed this way.
+A GEMM over a slice of a layer's operands (a view of the weight's storage, a K-slice of the input) is that
+layer's work: the checks add FLOPs per layer and role, so split-K is not counted as extra GEMMs.
 """
 from __future__ import annotations
 
@@ -84,8 +87,11 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
             weight_views.append(root)
         weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
-        data = dispatch.fingerprint(t) if phase != "forward" and root == watcher.view_key(t) else None
+        as_is = root == watcher.view_key(t)
+        data = dispatch.fingerprint(t) if phase != "forward" and as_is else None
         readers = watcher.layers.layers_of_input_view(root, data)
+        if not readers and as_is and phase != "forward":  # a slice of an input (split-K's wgrad over rows)
+            readers = watcher.input_layers_overlapping(t)
         input_layers.add(dispatch.only(readers))
         shared |= readers
     input_layers.discard(None)

@@ -4,7 +4,8 @@ Works the same over the tex emulation and over TE's real C++ extension on a GPU.
 asks for (fprop "TN", dgrad "NN" and wgrad "NT" with grad=True). Layers come from provenance, not from TE:
 an fprop or dgrad GEMM's A operand is (a copy of) a parameter, which names its layer; a wgrad GEMM's A operand
 is (a copy of) an activation, whose layer is the one whose fprop consumed it (or its output is the
-parameter's main_grad). A GEMM that cannot be attributed keeps layer "?" and the check says so.
+parameter's main_grad). An operand that is a slice of one of these (split-K) has its root (tecpu.record). A GEMM
+that cannot be attributed keeps layer "?" and the check says so.
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ class LayerGemm:
     @property
     def flops(self) -> int:
         return self.gemm.flops
+
+    @property
+    def operand_bytes(self) -> int:
+        return self.gemm.operand_bytes
 
 
 def layer_of(param_name: str) -> str:
@@ -82,9 +87,9 @@ class TexGemmProbe:
         watcher = dispatch.subscribe(self)
         self.recorder = TexRecorder(storage_key=watcher.key)
         for name, p in self._model.named_parameters() if self._model is not None else ():
-            self.param_layers[self.recorder.key(p)] = layer_of(name)
+            self.param_layers[self.recorder.register(p)] = layer_of(name)
             if isinstance(getattr(p, "main_grad", None), torch.Tensor):
-                self.param_layers[self.recorder.key(p.main_grad)] = layer_of(name)
+                self.param_layers[self.recorder.register(p.main_grad)] = layer_of(name)
         self.recorder.__enter__()
         return self
 

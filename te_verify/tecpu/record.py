@@ -6,8 +6,15 @@ functions up on the module at call time, so wrapping the module's attributes see
 TE's Python can skip or fake the record.
 
 Provenance: a GEMM operand is often an FP8 copy, not the tensor it came from. Every quantize maps the copy's
-buffers to its source, so an operand resolves to a root: the parameter it was quantized from (layer known)
-or the activation it was made from (layer known by data flow: the layer whose fprop consumed it).
+buffers to its source (and a dequantize its high-precision result to the same source), so an operand resolves to
+a root: the parameter it was quantized from (layer known) or the activation it was made from (layer known by data
+flow: the layer whose fprop consumed it).
+
+Slices: a GEMM may run over part of a tensor (split-K: a K-slice of the weight, of the activation, or of their FP8
+copies). A view that shares bytes of its storage with a tensor seen before (a registered parameter, a copy's
+buffer, an earlier operand) resolves to that tensor's root, so the parts of one GEMM name the layer the whole
+would. Overlap is judged on byte spans, which a strided view can over-state; tensors that interleave within one
+storage (column blocks of one matrix) would then share a root, which no TE module passes to two layers.
 """
 from __future__ import annotations
 
@@ -63,6 +70,15 @@ def restore_tex(saved: list[tuple[str, Callable]]) -> None:
         setattr(tex, name, original)
 
 
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a view can touch, [first, last + 1) (a strided view skips some in between)."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    if t.numel() == 0:
+        return start, start
+    return start, start + size * (1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride())))
+
+
 def root_key(t: torch.Tensor) -> RootKey:
     """A key by data pointer: safe only while every keyed storage stays alive (the allocator reuses addresses).
     Probes pass a generation-safe storage identity instead (TexRecorder's `storage_key`)."""
@@ -93,6 +109,8 @@ class TexGemm:
     a_root: RootKey | None
     b_root: RootKey | None
     d_root: RootKey | None
+    # Bytes of A and B as the GEMM reads them: their elements at one byte each when FP8, else their element size.
+    operand_bytes: int = 0
 
     @property
     def role(self) -> str:
@@ -108,7 +126,7 @@ class TexRecord:
     """What one recorder saw."""
 
     gemms: list[TexGemm] = field(default_factory=list)
-    # Buffer key of a quantized copy -> the root of the tensor it was quantized from.
+    # Buffer key of a quantized copy (or of a dequantized one) -> the root of the tensor it was quantized from.
     provenance: dict[RootKey, RootKey] = field(default_factory=dict)
     # Buffer key of a quantized copy -> bytes it holds (data, transpose and scale_inv).
     copy_bytes: dict[RootKey, int] = field(default_factory=dict)
@@ -138,13 +156,41 @@ class TexRecorder:
         self.record = TexRecord()
         self.phase, self.pass_index = "forward", 0
         self._saved: list[tuple[str, Callable]] = []
+        # Storage identity -> (byte span, root) of the plain tensors seen (registered, copied from, or operands),
+        # and of the quantized copies' buffers (the root being the buffer's own key): how a slice finds its whole.
+        self._tensors: dict[Any, list[tuple[int, int, RootKey]]] = {}
+        self._copies: dict[Any, list[tuple[int, int, RootKey]]] = {}
+
+    def register(self, t: torch.Tensor) -> RootKey:
+        """A tensor known whole before the run (a parameter, its main_grad): its root, which its slices share."""
+        return self._whole(t)
+
+    @staticmethod
+    def _overlapping(regions: list[tuple[int, int, RootKey]], span: tuple[int, int]) -> RootKey | None:
+        return next((root for start, end, root in regions if start < span[1] and span[0] < end), None)
+
+    def _whole(self, t: torch.Tensor) -> RootKey:
+        """The root of a plain tensor: its own key, or that of a tensor seen before whose bytes it shares."""
+        key, span = self.key(t), byte_span(t)
+        regions = self._tensors.setdefault(key[0], [])
+        if any(root == key for *_, root in regions):
+            return key
+        found = self._overlapping(regions, span)
+        if found is None:
+            regions.append((*span, key))
+        return key if found is None else found
 
     def root(self, t: Any) -> RootKey | None:
-        """The provenance root of an operand: through quantized copies back to the source tensor."""
+        """The provenance root of an operand: through quantized copies (or a slice of one) back to the source
+        tensor; a plain tensor's (or a slice's) own root."""
         buffers = _buffers(t) or ([t] if type(t) in (torch.Tensor, torch.nn.Parameter) else [])
         if not buffers:  # None, or a wrapper (e.g. a QuantizedTensor) holding no buffers: nothing to follow
             return None
         key, seen = self.key(buffers[0]), set()
+        if key not in self.record.provenance:
+            key = self._overlapping(self._copies.get(key[0], []), byte_span(buffers[0]))
+            if key is None:
+                return self._whole(buffers[0])
         while key in self.record.provenance and key not in seen:
             seen.add(key)
             key = self.record.provenance[key]
@@ -152,15 +198,23 @@ class TexRecorder:
 
     def note_copy(self, source: torch.Tensor, copy: Any) -> None:
         """Map every buffer of a quantized copy to its source's root."""
-        src, buffers = self.root(source), _buffers(copy)
-        for buf in buffers:
-            self.record.provenance[self.key(buf)] = src
+        buffers = _buffers(copy)
+        self._map(buffers, self.root(source))
         self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
+
+    def _map(self, buffers: list[torch.Tensor], source: RootKey | None) -> None:
+        """A copy's buffers (and any slice of them) resolve to `source`."""
+        for buf in buffers:
+            key = self.key(buf)
+            self.record.provenance[key] = source
+            copies = self._copies.setdefault(key[0], [])
+            if not any(root == key for *_, root in copies):
+                copies.append((*byte_span(buf), key))
 
     def __enter__(self) -> "TexRecorder":
         patch_tex(self._saved, (("generic_gemm", self._wrap_gemm), ("te_general_grouped_gemm", self._wrap_grouped),
                                 ("quantize", self._wrap_quantize), ("bgrad_quantize", self._wrap_bgrad_quantize),
-                                ("split_quantize", self._wrap_split_quantize),
+                                ("split_quantize", self._wrap_split_quantize), ("dequantize", self._wrap_dequantize),
                                 *((name, functools.partial(self._wrap_unmeasured, name)) for name in UNMEASURED)))
         return self
 
@@ -175,8 +229,9 @@ class TexRecorder:
         k = a_cols if transa else a_rows
         fp8 = bool(_buffers(a)) or bool(_buffers(b))
         layout = ("T" if transa else "N") + ("T" if transb else "N")
+        read = a_rows * a_cols * _element_bytes(a) + b_rows * b_cols * _element_bytes(b)
         return TexGemm(self.phase, self.pass_index, op, layout, bool(grad), m, n, k, fp8, bool(accumulate),
-                       self.root(a), self.root(b), self.root(d) if isinstance(d, torch.Tensor) else None)
+                       self.root(a), self.root(b), self.root(d) if isinstance(d, torch.Tensor) else None, read)
 
     def _wrap_gemm(self, original: Callable) -> Callable:
         def generic_gemm(*args: Any, **kwargs: Any):
@@ -222,11 +277,26 @@ class TexRecorder:
             return [grad_bias, out]
         return bgrad_quantize
 
+    def _wrap_dequantize(self, original: Callable) -> Callable:
+        def dequantize(*args: Any, **kwargs: Any):
+            named = dict(zip(("input", "otype"), args), **kwargs)
+            out = original(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and _buffers(named["input"]):  # a high-precision copy a GEMM may read
+                self._map([out], self.root(named["input"]))
+            return out
+        return dequantize
+
     def _wrap_unmeasured(self, name: str, original: Callable) -> Callable:
         def unmeasured(*args: Any, **kwargs: Any):
             self.record.unmeasured.append(name)
             return original(*args, **kwargs)
         return unmeasured
+
+
+def _element_bytes(t: Any) -> int:
+    """Bytes per element a GEMM reads of an operand: 1 for an FP8 copy (its data buffers), else its element size."""
+    buffers = _buffers(t)  # the data (or its transpose) first
+    return buffers[0].element_size() if buffers else t.element_size()
 
 
 def _dims2(shape: Any) -> tuple[int, int]:
