@@ -110,7 +110,7 @@ def gradient_volume(case_id: str, backend: str, calls: list[Collective], params:
     trainable = [p for p in params if p.trainable]
     required = sum(p.nbytes for p in trainable) * reductions
     slack = (sum(p.padding_bound(world_size) for p in trainable) + layout_slack) * reductions
-    figures = {"collective_bytes_actual": actual, "collective_bytes_required": required,
+    figures = {"collectives_compared": len(calls), "collective_bytes_actual": actual, "collective_bytes_required": required,
                "collective_bytes_ratio": waste_ratio(actual, required),
                **summarize(calls)}
     head = f"[{case_id}] backend {backend}"
@@ -158,7 +158,8 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
     frozen, names = {p.name: p for p in params if not p.trainable}, {p.name for p in params}
     needed_back = any(u.needed_in_backward for u in units)  # the root unit's (embedding, head) take part if any does
     waste: dict[str, list[int]] = {}
-    figures = {"frozen_comm_bytes_needed": 0, "frozen_comm_bytes_waste": 0, "value_comm_bytes": 0,
+    figures = {"frozen_collectives_compared": sum(len(calls) for calls in ranks.values()),
+               "frozen_comm_bytes_needed": 0, "frozen_comm_bytes_waste": 0, "value_comm_bytes": 0,
                "buffer_comm_bytes": 0}
     for rank, calls in sorted(ranks.items()):
         gathered: Counter = Counter()

@@ -29,7 +29,8 @@ def dist_grad_parity(case_id: str, backend: str, ref: Record, ranks: list[Record
         problems += [f"rank {rank}: {p}" for p in found]
         a, r = worst_errors(ref.grads[-1], got.grads[-1])
         abs_err, rel_err = max(abs_err, a), max(rel_err, r)
-    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol}
+    figures = {"max_abs_err": abs_err, "max_rel_err": rel_err, "rtol": tol.rtol, "atol": tol.atol,
+               "dist_grads_compared": sum(len(g.grads[-1]) for g in ranks if g.grads), "ranks_compared": len(ranks)}
     if not problems:
         return Verdict("dist_grad_parity", True, figures=figures)
     return Verdict("dist_grad_parity", False, f"{head}: gradients differ from eager on the global batch: "

@@ -60,7 +60,7 @@ def steps_compared(ref: Record, got: Record) -> int:
 def ending(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
     """The run ended as the reference's: both completed every pass, or both raised the same class at the same pass."""
     figures = {"passes_ref": ref.passes_done, "passes_got": got.passes_done, "iterations_ref": len(ref.steps),
-               "iterations_got": len(got.steps)}
+               "iterations_got": len(got.steps), "ending_compared": "how both runs ended"}
     mismatch = ending_mismatch(ref, got)
     if mismatch is None:
         return Verdict("ending", True, figures=figures)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import flops_verdict, site_at
 from te_verify.oracle import graph_exists, required_saved, sites
 from te_verify.record import Record
@@ -89,7 +89,8 @@ def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: st
                "saved_sites_bytes": sum(nbytes.values()), "saved_outside_sites_bytes": other,
                "saved_outside_sites_bytes_eager": eager_other,
                "saved_outside_sites_ratio_to_eager": waste_ratio(other, eager_other),
-               "saved_sites_beyond_rule_in_eager": "; ".join(_sites_reading(spec, v) for v in eager_extra)}
+               "saved_sites_beyond_rule_in_eager": "; ".join(_sites_reading(spec, v) for v in eager_extra),
+               "saved_compared": len(got.observations.get("saved_storages", []))}
     message = "" if not problems else f"{label or f'{spec.id} [{backend}]'}: saved for backward: " + "; ".join(problems)
     return Verdict("waste_saved", not problems, message, figures)
 
@@ -97,8 +98,10 @@ def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: st
 def family_waste_verdicts(spec: CaseSpec, got: Record, eager: Record, backend: str) -> list[Verdict]:
     """GEMMs/FLOPs per site, saved tensors per site value and beyond, for a probed run and eager's probed run."""
     if got.error is not None and (graph_exists(spec) or got.output is None):
-        return [Verdict("waste", True, "", {"waste_skipped": f"run raised in pass {got.error_pass}"})]
+        why = f"the run raised in pass {got.error_pass} (ending says how); its figures are partial"
+        return [not_observed(c, spec.id, backend, why) for c in ("waste_flops", "waste_saved")]
     peak = {"peak_bytes": got.figures.get("peak_bytes", 0), "peak_bytes_eager": eager.figures.get("peak_bytes", 0),
-            "peak_ratio_to_eager": waste_ratio(got.figures.get("peak_bytes", 0), eager.figures.get("peak_bytes", 0))}
+            "peak_ratio_to_eager": waste_ratio(got.figures.get("peak_bytes", 0), eager.figures.get("peak_bytes", 0)),
+            "peak_judged": "no: recorded beside eager's (no structural bound for a model family)"}
     return [_gemm_verdict(spec, got, backend), family_saved_verdict(spec, got, eager, backend),
             Verdict("waste_peak", True, "", peak)]

@@ -92,7 +92,8 @@ def fp8_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Ve
                 saved = f"{have.nbytes:,} B in {have.buffers} buffers" if have else "nothing"
                 problems.append(f"layer {layer}{why}: saved {kind} FP8 copy: {saved}, {want:,} B required")
     problems += [f"layer {c.layer}: saved {c.kind} FP8 copy of unknown use ({c.nbytes:,} B)" for c in got.values()]
-    figures = {"fp8_copies_saved_bytes": sum(c.nbytes for c in copies), "fp8_copies_saved": len(copies)}
+    figures = {"fp8_copies_saved_bytes": sum(c.nbytes for c in copies), "fp8_copies_saved": len(copies),
+               "fp8_copies_compared": 2 * len(sites(spec))}  # an input and a weight copy per site
     if problems:
         return Verdict("fp8_copies", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("fp8_copies", True, figures=figures)

@@ -110,7 +110,8 @@ def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None 
     if "error" in seen:
         return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step after the "
                                                  f"measured one raised {seen['error']}")
-    figures = {"retained_bytes": seen["bytes"], "retained_source": seen["source"]}
+    figures = {"retained_bytes": seen["bytes"], "retained_source": seen["source"],
+               "retained_compared": "the second iteration's net growth"}
     if not seen["bytes"]:
         return Verdict("memory_retained", True, figures=figures)
     where = (f"held by {', '.join(seen['holders'])}" if seen["holders"] else

@@ -102,16 +102,25 @@ def _later_steps(ref: Record, got: Record, truth: Record | None, tol: Tolerance)
     return pairs
 
 
+def trains(record: Record) -> bool:
+    """Whether the run had something to train: a parameter needing a gradient, or an input that needs one."""
+    x = record.inputs_before.get("input x")
+    return any(record.requires_grad_after.values()) or bool(x and x.meta.get("requires_grad"))
+
+
 def compared_nothing(check: str, case_id: str, backend: str, ref: Record, got: Record) -> Verdict | None:
-    """The verdict of a check that found no backward pass both runs completed: passing when the reference has none
-    either (how each run ended is the `ending` check's), else failing: nothing was observed."""
+    """The verdict of a check that found no backward pass both runs completed (None where there is one): passing
+    only when the case has nothing to train (then backward raises for the reference too: `ending` compares how);
+    else failing as not observed, whichever run ended early."""
     if passes_compared(ref, got):
         return None
-    if ref.passes_done == 0:
-        return Verdict(check, True, figures={"passes_compared": 0, "compared": "nothing: the reference completed no "
-                                                                             "backward pass (ending judges)"})
-    return not_observed(check, case_id, backend, f"the run completed no backward pass, {ref.backend} completed "
-                                                 f"{ref.passes_done} (ending says how it ended)", {"passes_compared": 0})
+    if ref.passes_done == 0 and not trains(ref):
+        return Verdict(check, True, figures={"passes_compared": 0, "compared": "nothing: nothing in the case needs a "
+                                                                             "gradient (ending compares the raise)"})
+    who = "the run" if ref.passes_done else f"{ref.backend}, the reference,"
+    return not_observed(check, case_id, backend, f"{who} completed no backward pass although the case trains "
+                                                 f"(ending says how it ended)", {"passes_compared": 0},
+                        "ending" if ref.passes_done else None)
 
 
 def grad_parity(case_id: str, backend: str, ref: Record, got: Record, tol: Tolerance, pass_index: int = -1,

@@ -2,7 +2,8 @@
 pass of the first iteration and after every later iteration."""
 from __future__ import annotations
 
-from te_verify.checks.verdict import Verdict, not_observed
+from te_verify.checks.parity import compared_nothing
+from te_verify.checks.verdict import Verdict
 from te_verify.record import INPUT_GRAD, Record
 
 
@@ -32,9 +33,10 @@ def grad_presence(case_id: str, backend: str, ref: Record, got: Record) -> Verdi
         if problems:
             break  # one pass is enough to name the fault
     figures = {"presence_points_compared": len(points)}
-    if not points and ref.passes_done:
-        return not_observed("grad_presence", case_id, backend, "the run completed no backward pass (ending says how "
-                                                               "it ended)", figures)
+    if not points:
+        nothing = compared_nothing("grad_presence", case_id, backend, ref, got)
+        if nothing is not None:
+            return nothing
     if not problems:
         return Verdict("grad_presence", True, figures=figures)
     return Verdict("grad_presence", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)

@@ -67,7 +67,8 @@ def return_contract(case_id: str, backend: str, spec: CaseSpec, kind: str, ref: 
             msg = compare_tensor(f"{name}: .grad after {te.microbatches} microbatches", want[name], got.grads[-1][name], tol)
             if msg:
                 problems.append(msg)
-    figures = {"contract_row": f"{kind}/{config}: {row.returns} ({row.label})"}
+    figures = {"contract_row": f"{kind}/{config}: {row.returns} ({row.label})",
+               "contract_weights_compared": len(got.observations["te_contract"])}
     if problems:
         return Verdict("return_contract", False, f"{head}: " + "; ".join(problems), figures, tuple(problems))
     return Verdict("return_contract", True, figures=figures)

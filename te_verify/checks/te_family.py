@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from te_verify.checks.family_waste import outside_sites
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.oracle import graph_exists, required_flops, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -163,7 +163,8 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
     site_flops = sum(f for site, _, _, f in tex_events if site != "?") + sum(
         e.flops for e in record.observations.get("aten_gemm_events", []) if not outside_sites(e))
     required = required_flops(spec) if passes == spec.replays else None
-    figures = {"tex_gemms_te_sites": sum(n for (l, _, _), n in tex.items() if l in te),
+    figures = {"te_family_gemms_compared": sum(tex.values()) + sum(aten.values()),
+               "tex_gemms_te_sites": sum(n for (l, _, _), n in tex.items() if l in te),
                "tex_wgrads_te_sites": sum(n for (l, _, r), n in tex.items() if l in te and r == "wgrad"),
                "aten_gemms_other_sites": sum(aten.values()), "te_sites": len(te),
                "gemms_outside_sites": len(other["outside"]), "flops_actual": site_flops,
@@ -175,8 +176,9 @@ def te_family_gemms(case_id: str, backend: str, spec: CaseSpec, record: Record) 
 
 
 def te_family_waste(case_id: str, backend: str, spec: CaseSpec, record: Record) -> list[Verdict]:
-    """The TE-lane family's waste verdicts (GEMMs per site); not judged when the run raised (a cut-short run has
-    partial figures; the replay check judges it). Saved bytes and peak are the probes' figures, not judged here."""
+    """The TE-lane family's waste verdicts (GEMMs per site); not observed when the run raised (a cut-short run has
+    partial figures; `ending` says how it ended). Saved bytes and peak are the probes' figures, not judged here."""
     if record.error is not None:
-        return [Verdict("te_family_gemms", True, "", {"waste_skipped": f"run raised in pass {record.error_pass}"})]
+        return [not_observed("te_family_gemms", case_id, backend, f"the run raised in pass {record.error_pass} "
+                                                                  "(ending says how); its GEMM record is partial")]
     return [te_family_gemms(case_id, backend, spec, record)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
 from te_verify.oracle import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
@@ -77,7 +77,7 @@ def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
     for e in gemms:
         by_role[e.role] += e.flops
     return {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required),
-            "gemms_by_role": dict(sorted(Counter(e.role for e in gemms).items())),
+            "gemms_compared": len(gemms), "gemms_by_role": dict(sorted(Counter(e.role for e in gemms).items())),
             "flops_by_role": dict(sorted(by_role.items()))}
 
 
@@ -114,10 +114,12 @@ def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Recor
                 for role in sorted(set(logged_roles) | set(measured_roles)) if logged_roles[role] != measured_roles[role]]
     problems += [f"layer {layer} {role}: the log has {logged[(layer, role)]}, aten ran {n}"
                  for (layer, role), n in sorted(attributed.items()) if logged[(layer, role)] != n]
+    figures = {"gemm_sources_compared": sum(measured.values())}
     if problems:
         return Verdict("gemm_sources_agree", False, f"[{case_id}] backend {backend}: the implementation's GEMM log "
-                                                    f"disagrees with the GEMMs it dispatched: " + "; ".join(problems))
-    return Verdict("gemm_sources_agree", True)
+                                                    f"disagrees with the GEMMs it dispatched: " + "; ".join(problems),
+                       figures)
+    return Verdict("gemm_sources_agree", True, figures=figures)
 
 
 def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
@@ -153,7 +155,8 @@ def saved_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> 
                 what = f"saved its {kind} copy ({nbytes} B) for a {role} that is not required" if got > want \
                     else f"did not save its {kind} copy, but its {role} is required"
                 problems.append(f"layer {layer}: {what}")
-    figures = {"te_saved_copy_bytes": sum(e.bytes for e in saved), "te_saved_copy_count": len(saved)}
+    figures = {"te_saved_copy_bytes": sum(e.bytes for e in saved), "te_saved_copy_count": len(saved),
+               "saved_copies_compared": len(saved)}
     if problems:
         return Verdict("saved_copies", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("saved_copies", True, figures=figures)
@@ -178,7 +181,8 @@ def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> V
         return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: no saved-tensor figures "
                                                 f"(run without SavedTensorsProbe?)", figures)
     actual, count = record.figures["saved_bytes_actual"], record.figures["saved_count_actual"]
-    figures.update(saved_bytes_actual=actual, saved_count_actual=count, saved_bytes_ratio=waste_ratio(actual, need.nbytes))
+    figures.update(saved_bytes_actual=actual, saved_count_actual=count, saved_bytes_ratio=waste_ratio(actual, need.nbytes),
+                   saved_compared=record.figures.get("saved_count_raw", count))
     if (actual, count) == (need.nbytes, need.count):
         return Verdict("te_saved_bytes", True, figures=figures)
     named = _surplus(spec, record) or ["no copy record names the surplus"]
@@ -187,23 +191,31 @@ def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> V
                                             f"{figures['saved_bytes_ratio']}); " + "; ".join(named), figures)
 
 
-def _skipped(spec: CaseSpec, why: str) -> list[Verdict]:
+def _unknown_figures(spec: CaseSpec, why: str) -> dict[str, Any]:
     need = required_saved(spec)
     figures = {"flops_required": required_flops(spec), "saved_bytes_required": need.nbytes,
                "saved_count_required": need.count, "waste_skipped": why}
     figures.update({k: UNKNOWN for k in ("flops_actual", "flops_ratio", "saved_bytes_actual", "saved_bytes_ratio",
                                          "saved_count_actual")})
-    return [Verdict("te_waste", True, figures=figures)]
+    return figures
+
+
+def _skipped(spec: CaseSpec, why: str) -> list[Verdict]:
+    """Not applicable to the case (`why`: e.g. TE must refuse the FP8 shape, which another check judges)."""
+    return [Verdict("te_waste", True, figures={**_unknown_figures(spec, why), "te_waste_compared": "not applicable"})]
 
 
 def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: str | None = None) -> list[Verdict]:
     """The TE lane's waste verdicts: GEMMs by layer and role, FLOPs, saved bytes, and the FP8 copies kept.
 
-    Not judged (actual figures "unknown", reason in `waste_skipped`) when `skip` says why, or when the run
-    raised (a cut-short run has partial figures; the replay check judges it).
+    Not applicable (actual figures "unknown", reason in `waste_skipped`) when `skip` says why; not observed when
+    the run raised (a cut-short run has partial figures; `ending` says how it ended).
     """
     if skip is None and record.error is not None and graph_exists(spec):
-        skip = f"run raised in pass {record.error_pass}"
+        why = f"the run raised in pass {record.error_pass} (ending says how); its figures are partial"
+        checks = ("gemm_work", "te_saved_bytes") + (("fp8_copies",) if spec.te is not None and spec.te.recipe else ())
+        return [not_observed(c, case_id, backend, why, figures) for c, figures in
+                zip(checks, [_unknown_figures(spec, why)] + [{}] * len(checks))]
     if skip is not None:
         return _skipped(spec, skip)
     verdicts = [gemm_work(case_id, backend, spec, record), saved_bytes(case_id, backend, spec, record)]

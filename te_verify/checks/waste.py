@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.oracle import (BYTES_PER_ELEMENT, Site, backward_gemms, forward_gemms, graph_exists,
                               required_flops, required_peak, required_saved, sites, trainable_masks)
 from te_verify.record import Record
@@ -166,7 +166,7 @@ def flops_verdict(spec: CaseSpec, record: Record, backend: str, label: str | Non
     events = record.observations.get("gemm_events", []) if events is None else events
     required = required_flops(spec)
     figures = {"flops_actual": actual, "flops_required": required, "flops_ratio": waste_ratio(actual, required),
-               "gemms_by_role": dict(sorted(Counter(e.role for e in events).items())),
+               "gemms_compared": len(events), "gemms_by_role": dict(sorted(Counter(e.role for e in events).items())),
                "flops_by_role": dict(sorted(_role_flops(events).items()))}
     problems, notes = gemm_problems(spec, events)
     if notes:
@@ -210,10 +210,12 @@ def saved_verdict(spec: CaseSpec, record: Record, backend: str, label: str | Non
     figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
     if record.figures.get("saved_count_raw", 0) == 0 and need.count > 0:
         figures.update(saved_bytes_actual="unknown", saved_count_actual="unknown", saved_bytes_ratio="unknown")
-        return Verdict("waste_saved", True, "", figures)  # saves bypass the hooks: nothing to judge
+        return not_observed("waste_saved", spec.id, backend, f"no saved tensor passed the saved-tensor hooks where "
+                            f"the oracle requires {need.count} (saves that bypass autograd's hooks)", figures, None)
     actual = record.figures.get("saved_bytes_actual", 0)
     figures.update(saved_bytes_actual=actual, saved_count_actual=record.figures.get("saved_count_actual", 0),
-                   saved_bytes_ratio=waste_ratio(actual, need.nbytes))
+                   saved_bytes_ratio=waste_ratio(actual, need.nbytes),
+                   saved_compared=record.figures.get("saved_count_raw", 0))
     slack = SAVED_SLACK.get(backend, 1.0)
     ok = actual <= need.nbytes * slack + allowance
     extra = f", allowance {allowance:,} B" if allowance else ""
@@ -227,7 +229,11 @@ def _peak_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
     peak, bound = record.figures.get("peak_bytes", 0), required_peak(spec)
     allowance = one_node_backward_allowance(spec, backend)
     figures = {"peak_bytes": peak, "peak_backward_bytes": record.figures.get("peak_backward_bytes", 0),
-               "peak_required": bound, "peak_ratio": waste_ratio(peak, bound), "peak_allowance": allowance}
+               "peak_required": bound, "peak_ratio": waste_ratio(peak, bound), "peak_allowance": allowance,
+               "peak_compared": "forward and backward" if peak else "nothing"}
+    if not peak and bound:
+        return not_observed("waste_peak", spec.id, backend, f"the peak tracker saw no allocation where the bound is "
+                                                            f"{bound:,} B", figures, None)
     slack = PEAK_SLACK.get(backend, 1.0)
     ok = peak <= bound * slack + allowance
     message = "" if ok else (f"{spec.id} [{backend}]: peak memory {peak:,} B (backward "
@@ -239,8 +245,9 @@ def _peak_verdict(spec: CaseSpec, record: Record, backend: str) -> Verdict:
 def waste_verdicts(spec: CaseSpec, record: Record, backend_name: str) -> list[Verdict]:
     """FLOPs/GEMMs, saved bytes and peak verdicts for one probed run of `spec` on `backend_name`."""
     if record.error is not None and (graph_exists(spec) or record.output is None):
-        # A run cut short (e.g. TE's second backward raising, or a warm-up step raising before the measured
-        # forward) has partial figures; the replay check judges it.
-        return [Verdict("waste", True, "", {"waste_skipped": f"run raised in pass {record.error_pass}"})]
+        # A run cut short (e.g. a second backward raising, or a warm-up step raising before the measured forward)
+        # has partial figures: not observed, and `ending` says how the run ended.
+        why = f"the run raised in pass {record.error_pass} (ending says how); its figures are partial"
+        return [not_observed(c, spec.id, backend_name, why) for c in ("waste_flops", "waste_saved", "waste_peak")]
     return [flops_verdict(spec, record, backend_name), saved_verdict(spec, record, backend_name),
             _peak_verdict(spec, record, backend_name)]
