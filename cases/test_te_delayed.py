@@ -16,7 +16,7 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import fp8_grad_parity, output_reference, run_te
+from te_verify.te_case import fp8_grad_verdicts, output_reference, run_te
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -25,6 +25,8 @@ BITWISE = Tolerance(0.0, 0.0, "TE tests/pytorch: delay_wgrad vs no delay compare
 # delayed, each backward_dw adds its own. The contract leaves that order open and fp32 addition is not
 # associative, so tied cases are held to the dtype table, not bitwise (TE's bitwise tests have no tied weights).
 REASSOCIATED = DTYPE_TOLERANCES["fp32"]
+# The gradient checks after the last microbatch, by the name of the check after the first.
+ACCUMULATED = {"grad_parity": "grad_accumulation", "grad_scale": "grad_scale_accumulation"}
 
 
 def test_te_delayed(case):
@@ -45,11 +47,11 @@ def vs_eager(case, got) -> list:
     spec, name = case.spec, case.backend_name
     eager = run_microbatches(spec, EagerBackend())
     if spec.te.recipe is None:
-        compare = lambda k: grad_parity(spec.id, name, eager, got, tolerance_for(spec, name), k)
+        compare = lambda k: [grad_parity(spec.id, name, eager, got, tolerance_for(spec, name), k)]
     else:
         quantized = output_reference(spec, run_microbatches, backend=case.backend)
-        compare = lambda k: fp8_grad_parity(case, got, quantized, eager, run_microbatches, k)
-    verdicts = [compare(0)]
+        compare = lambda k: fp8_grad_verdicts(case, got, quantized, eager, run_microbatches, k)
+    verdicts = compare(0)
     if spec.te.microbatches > 1 and len(got.grads) > 1:
-        verdicts.append(dataclasses.replace(compare(-1), check="grad_accumulation"))
+        verdicts += [dataclasses.replace(v, check=ACCUMULATED[v.check]) for v in compare(-1)]
     return verdicts

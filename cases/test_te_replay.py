@@ -19,7 +19,7 @@ from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
 from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_grad_parity, output_reference, run_te
+from te_verify.te_case import fp8_grad_verdicts, output_reference, run_te
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -32,12 +32,12 @@ def test_te_replay(case):
     quantized = output_reference(spec, backend=case.backend)
     outputs_ref = quantized if case.backend_name == "te_eager" else ref
     tol = tolerance_for(spec, case.backend_name)
-    grads = (fp8_grad_parity(case, got, quantized, ref) if spec.te.recipe
-             else grad_parity(spec.id, case.backend_name, ref, got, tol))
+    grads = (fp8_grad_verdicts(case, got, quantized, ref) if spec.te.recipe
+             else [grad_parity(spec.id, case.backend_name, ref, got, tol)])
     case.require([ending(spec.id, case.backend_name, ref, got),
                   replay_semantics(spec.id, case.backend_name, ref, got, tol),
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
-                  grads,
+                  *grads,
                   *leftover_verdicts(spec.id, case.backend_name, ref, got),
                   *te_waste(spec.id, case.backend_name, spec, got)])

@@ -20,6 +20,7 @@ from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.state import output_parity, state_left_behind
+from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_family import te_sites
 from te_verify.checks.te_waste import te_waste
@@ -118,20 +119,22 @@ def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
     return sorted(set(claimed) - set(te_sites(spec)))
 
 
-def fp8_grad_parity(case: CaseRun, got: Record, quantized: Record, eager: Record,
-                    runner: Callable = run_mean_reduced, pass_index: int = -1) -> Verdict:
+def fp8_grad_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                      runner: Callable = run_mean_reduced, pass_index: int = -1) -> list[Verdict]:
     """grad_parity of an FP8 case against `quantized` (output_reference's record for the case's backend: the same
     operands quantized with the same scales), bounded by its fp64 truth (checks.fp8_tolerance), not by FP8's
-    quantization tolerance; where the run quantized linears the reference does not (beyond_reference), against
-    `eager` within the recipe's tolerance, the row saying why."""
+    quantization tolerance, and grad_scale against the same truth (checks.systematic, `quantized` in eager's role);
+    where the run quantized linears the reference does not (beyond_reference), grad_parity against `eager` within the
+    recipe's tolerance alone (no truth to fit a scale against), the row saying why."""
     spec, name = case.spec, case.backend_name
     tol = tolerance_for(spec, name)
     beyond = beyond_reference(spec, got)
     if beyond:
         case.figures["fp8_grad_reference"] = f"eager within {tol}: the run quantized {beyond}, not TE sites of the case"
-        return grad_parity(spec.id, name, eager, got, tol, pass_index)
-    truth = quantized_truth(spec, case.backend, runner)
-    return grad_parity(spec.id, name, quantized, got, tol, pass_index, fp8_bound(spec, truth))
+        return [grad_parity(spec.id, name, eager, got, tol, pass_index)]
+    bound = fp8_bound(spec, quantized_truth(spec, case.backend, runner))
+    return [grad_parity(spec.id, name, quantized, got, tol, pass_index, bound),
+            grad_scale(spec.id, name, quantized, got, bound, pass_index)]
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced) -> Record:
@@ -159,12 +162,12 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     tol = tolerance_for(spec, name)
     outputs_ref = output_reference(spec, backend=case.backend)
     bound = high_precision_bound(spec) if spec.te.recipe is None else None
-    grads = (fp8_grad_parity(case, got, outputs_ref, ref) if spec.te.recipe is not None
-             else grad_parity(spec.id, name, ref, got, tol, bound=bound))
+    grads = (fp8_grad_verdicts(case, got, outputs_ref, ref) if spec.te.recipe is not None
+             else [grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound)])
     return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
                          ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
-                         grads,
+                         *grads,
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
                          *te_waste(spec.id, name, spec, got)])
