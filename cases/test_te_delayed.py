@@ -16,6 +16,7 @@ from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
+from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
@@ -29,6 +30,8 @@ BITWISE = Tolerance(0.0, 0.0, "TE tests/pytorch: delay_wgrad vs no delay compare
 # delayed, each backward_dw adds its own. The contract leaves that order open and fp32 addition is not
 # associative, so tied cases are held to the dtype table, not bitwise (TE's bitwise tests have no tied weights).
 REASSOCIATED = DTYPE_TOLERANCES["fp32"]
+# The gradient checks after the last microbatch (and every later iteration), by the name of the check after the first.
+ACCUMULATED = {"grad_parity": "grad_accumulation", "grad_scale": "grad_scale_accumulation"}
 
 
 def test_te_delayed(case):
@@ -60,9 +63,9 @@ def vs_eager(case, got, eager, quantized) -> list:
     else:
         ref, tol, bound = fp8_judged_against(case, got, quantized, eager, run_microbatches)
     several = spec.te.microbatches > 1
-    verdicts = [grad_parity(spec.id, name, ref, got, tol, 0 if several else -1, bound),
-                params_after_steps(spec.id, name, ref, got, tol, bound)]
+    grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound)] + (
+        [grad_scale(spec.id, name, ref, got, bound, k)] if bound is not None else [])
+    verdicts = grads(0 if several else -1) + [params_after_steps(spec.id, name, ref, got, tol, bound)]
     if several and len(got.grads) > 1:
-        verdicts.append(dataclasses.replace(grad_parity(spec.id, name, ref, got, tol, bound=bound),
-                                            check="grad_accumulation"))
+        verdicts += [dataclasses.replace(v, check=ACCUMULATED[v.check]) for v in grads(-1)]
     return verdicts

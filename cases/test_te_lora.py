@@ -8,7 +8,8 @@ runs no wgrad GEMM (checks.te_family).
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.state import output_parity
 from te_verify.checks.te_family import te_family_waste
-from te_verify.checks.tolerances import derived_tolerance, tolerance_for
+from te_verify.checks.systematic import grad_scale
+from te_verify.checks.tolerances import derived_tolerance, tolerance_for, truth_bound
 from te_verify.matrix_te import te_lora_specs as SPECS  # noqa: F401
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
 from te_verify.reference.microbatch import run_mean_reduced
@@ -33,11 +34,14 @@ def test_te_lora(case):
     ref = runner(spec, EagerBackend())
     quantized = output_reference(spec, backend=case.backend) if fp8 else None
     got = run_te(case, with_adapter_gemms(runner), follow=quantized or ref)
-    tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, run_fp64_eager(spec, ref))
+    truth = None if fp8 else run_fp64_eager(spec, ref)
+    tol = tolerance_for(spec, case.backend_name) if fp8 else derived_tolerance(spec, ref, truth)
     case.figures["tolerance"] = tol.source
     verdicts = case.standard_verdicts(ref, got, tol)
     if fp8:  # outputs, gradients and parameters against the reference on the same FP8 operands (te_case)
         verdicts = [v for v in verdicts if v.check not in ("output_parity", "replay", "grad_parity", "params_after_steps")]
         verdicts += [output_parity(spec.id, case.backend_name, quantized, got, tol),
                      *fp8_value_verdicts(case, got, quantized, ref)]
+    else:  # every element leaning the same way, below the derived tolerance (checks.systematic)
+        verdicts.append(grad_scale(spec.id, case.backend_name, ref, got, truth_bound(spec, truth)))
     case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got), *scaling_verdicts(case, got)])

@@ -12,6 +12,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
+from te_verify.checks.systematic import grad_scale
 from te_verify.checks.tolerances import Tolerance, TruthBound, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
@@ -78,7 +79,8 @@ class CaseRun:
             tol, bound = None, truth_bound(self.spec, truth)
             waste = waste_verdicts(self.spec, got, self.backend_name)
         self.figures["tolerance"] = (bound or tol).source
-        return self.require(self.standard_verdicts(ref, got, tol, bound) + waste)
+        scale = grad_scale(self.spec.id, self.backend_name, ref, got, bound or truth_bound(self.spec, truth))
+        return self.require(self.standard_verdicts(ref, got, tol, bound) + [scale] + waste)
 
     def require(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Record the verdicts and their figures; raise CheckFailures (every verdict, every failure message) when

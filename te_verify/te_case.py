@@ -22,6 +22,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
+from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_family import te_sites
 from te_verify.checks.te_waste import te_waste
@@ -140,13 +141,15 @@ def fp8_judged_against(case: CaseRun, got: Record, quantized: Record, eager: Rec
 
 def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Record,
                        runner: Callable = run_mean_reduced) -> list[Verdict]:
-    """An FP8 case's gradients after every backward pass (replay) and every iteration (grad_parity), and its
-    parameters after every optimizer step, against fp8_judged_against's reference and bound (its fp64 truth computed
-    once): the same-quantization reference, not TE's dtype table."""
+    """An FP8 case's gradients after every backward pass (replay) and every iteration (grad_parity, and grad_scale
+    against the same truth, the quantized reference in eager's role: checks.systematic), and its parameters after
+    every optimizer step, against fp8_judged_against's reference and bound (its fp64 truth computed once): the
+    same-quantization reference, not TE's dtype table."""
     ref, tol, bound = fp8_judged_against(case, got, quantized, eager, runner)
     spec, name = case.spec, case.backend_name
+    scale = [grad_scale(spec.id, name, ref, got, bound)] if bound is not None else []  # no truth beyond the reference
     return [replay_semantics(spec.id, name, ref, got, tol, bound),
-            grad_parity(spec.id, name, ref, got, tol, bound=bound),
+            grad_parity(spec.id, name, ref, got, tol, bound=bound), *scale,
             params_after_steps(spec.id, name, ref, got, tol, bound)]
 
 
@@ -197,7 +200,7 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     got = run_te(case, follow=outputs_ref)
     bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
     training = (fp8_value_verdicts(case, got, outputs_ref, ref) if spec.te.recipe is not None
-                else [grad_parity(spec.id, name, ref, got, tol, bound=bound),
+                else [grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
                       params_after_steps(spec.id, name, ref, got, tol, bound)])
     return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
                          ending(spec.id, name, ref, got),

@@ -36,6 +36,19 @@ class OffByOnePercent(_Planted):
         return model
 
 
+class LeansOnePercent(_Planted):
+    """Scales the largest trainable weight's gradient by 1.01, in any model: every element within its dtype's
+    rounding in bf16, all leaning the same way (issue 25)."""
+
+    name = "planted_leans_1pct"
+
+    def prepare(self, model, spec):
+        trained = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith("weight")]
+        if trained:  # a case training no weight has nothing to lean
+            max(trained, key=torch.Tensor.numel).register_hook(lambda g: g * 1.01)
+        return model
+
+
 class GradForFrozen(_Planted):
     """Leaves a gradient on the first frozen weight (a wgrad computed and kept for a frozen weight)."""
 

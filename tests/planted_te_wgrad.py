@@ -1,5 +1,6 @@
 """A planted TE build: TE's own `Linear`, whose weight-gradient GEMM computes every weight gradient WGRAD_ERROR too
-large, wherever that gradient goes.
+large, wherever that gradient goes (or, `gradient_gemm_off_by(factor, "dgrad")`, whose dgrad GEMM computes every input
+gradient `factor` too large: the issue-25 lean of a bf16 dgrad 1% too large).
 
 The fault sits in TE's Python, in the GEMM `_Linear`'s backward calls for dw = dy^T x (the `general_gemm` call of
 transformer_engine.pytorch.module.linear with layout "NT" and grad=True; TE >= 2.20): a returned wgrad is scaled;
@@ -18,15 +19,18 @@ import torch
 from te_verify import te_api
 
 WGRAD_ERROR = 1.05
+# general_gemm's layout in _Linear's backward, by role (grad=True): dw = dy^T x is "NT", dx = dy W is "NN".
+LAYOUTS = {"wgrad": "NT", "dgrad": "NN"}
 
 
-def _is_wgrad(kwargs: dict) -> bool:
-    return kwargs.get("grad") is True and kwargs.get("layout") == "NT"
+def wgrad_off_by(factor: float = WGRAD_ERROR) -> contextlib.AbstractContextManager:
+    """Inside the block TE's Linear computes factor x every weight gradient (the active --te-impl runs TE's Python)."""
+    return gradient_gemm_off_by(factor, "wgrad")
 
 
 @contextlib.contextmanager
-def wgrad_off_by(factor: float = WGRAD_ERROR) -> Iterator[None]:
-    """Inside the block TE's Linear computes factor x every weight gradient (the active --te-impl runs TE's Python)."""
+def gradient_gemm_off_by(factor: float, role: str) -> Iterator[None]:
+    """Inside the block TE's Linear's `role` GEMM ("wgrad" or "dgrad") returns factor x its result."""
     te_api.active().api  # boots the tex emulation where that is the implementation, before TE is imported
     from transformer_engine.pytorch.module import linear
 
@@ -35,16 +39,16 @@ def wgrad_off_by(factor: float = WGRAD_ERROR) -> Iterator[None]:
         raise RuntimeError("planted_te_wgrad: this TE's module.linear calls no general_gemm to plant the fault in")
 
     def planted(*args, **kwargs):
-        if not _is_wgrad(kwargs):
+        if kwargs.get("grad") is not True or kwargs.get("layout") != LAYOUTS[role]:
             return original(*args, **kwargs)
         into = kwargs.get("out")
         before = into.detach().clone() if into is not None and kwargs.get("accumulate") else None
-        dw, *rest = original(*args, **kwargs)
+        result, *rest = original(*args, **kwargs)
         if into is not None:  # written in place (main_grad): scale what this GEMM added
             with torch.no_grad():
                 into.copy_(before + factor * (into - before) if before is not None else factor * into)
-            return (dw, *rest)
-        return (dw * factor, *rest)
+            return (result, *rest)
+        return (result * factor, *rest)
 
     linear.general_gemm = planted
     try:
