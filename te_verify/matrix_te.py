@@ -18,6 +18,19 @@ CONFIGS = ((False, False, False), (True, False, False), (False, True, False), (F
            (True, True, False), (True, True, True))  # (delay_wgrad, main_grad, grad_added_to_main_grad)
 
 
+# BitFit-style training: the weights frozen, the biases trained. Frozen weights with trainable biases are a freeze
+# pattern of their own in every TE family (TE's high-precision Linear computes a bias gradient only inside the wgrad
+# GEMM it skips for a frozen weight: expectations/te_eager.toml).
+BIAS_TRAINED = (False, False, False, False)
+
+
+def bitfit(family: str, widths: tuple[int, ...], recipes: tuple, x_grads: tuple = (False, True), **spec) -> list[CaseSpec]:
+    """Every weight frozen and every bias trained, over `recipes` and input-gradient needs."""
+    te = spec.pop("te", {})
+    return [CaseSpec(family, widths, named_masks(4)["all"], BIAS_TRAINED, x, spec.pop("batch_shape", (16,)),
+                     te=TEConfig(recipe=r, **te), **spec) for r in recipes for x in x_grads]
+
+
 def _patterns(tier: str) -> tuple[str, ...]:
     return ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none")
 
@@ -38,6 +51,8 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
                   for s in (0, 1)]
         specs += history_specs("te_fp8")
     specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
+    if tier != "smoke":
+        specs += bitfit("te_fp8", NON_SQUARE4, RECIPES)
     return dedupe(specs)
 
 
@@ -67,6 +82,7 @@ def peft_specs(tier: str) -> list[CaseSpec]:
         specs += [CaseSpec("te_peft", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (16,),
                            freeze_timing=t, te=TEConfig(recipe="delayed"))
                   for p in ("alternating", "prefix") for t in ("after", "unfreeze_after")]
+        specs += bitfit("te_peft", NON_SQUARE4, (None, "delayed"))
     return dedupe(specs)
 
 
@@ -76,8 +92,11 @@ def replay_specs(tier: str) -> list[CaseSpec]:
     replays = (2,) if tier == "smoke" else (2, 3)
     recipes = ("delayed",) if tier == "smoke" else ("delayed", "current", None)
     patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix")
-    return dedupe([CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
-                             replays=r, te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes])
+    specs = [CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,), replays=r,
+                      te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes]
+    if tier != "smoke":
+        specs += bitfit("te_replay", NON_SQUARE4, (None, "delayed"), (True,), replays=2)
+    return dedupe(specs)
 
 
 def contract_specs(tier: str) -> list[CaseSpec]:
@@ -87,9 +106,13 @@ def contract_specs(tier: str) -> list[CaseSpec]:
                                                  "grouped_mlp")
     mbs = (2,) if tier == "smoke" else (2, 3)
     mask = (False, True, False, False)
-    return dedupe([CaseSpec("te_contract", NARROW4, mask, mask, True, (16,),
-                             te=TEConfig(None, kind, mg, added, delay, mb))
-                    for kind in kinds for delay, mg, added in CONFIGS for mb in mbs])
+    specs = [CaseSpec("te_contract", NARROW4, mask, mask, True, (16,), te=TEConfig(None, kind, mg, added, delay, mb))
+             for kind in kinds for delay, mg, added in CONFIGS for mb in mbs]
+    if tier != "smoke":  # the frozen layer's bias trained
+        specs += [CaseSpec("te_contract", NARROW4, mask, BIAS_TRAINED, True, (16,),
+                           te=TEConfig(None, kind, mg, added, delay, 2))
+                  for kind in kinds for delay, mg, added in CONFIGS[:2]]
+    return dedupe(specs)
 
 
 def delayed_specs(tier: str) -> list[CaseSpec]:
@@ -105,6 +128,8 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
             for rec in recipes:
                 specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
                                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
+    if tier != "smoke":
+        specs += bitfit("te_delayed", NARROW4, recipes, te=dict(module="linear", delay_wgrad=True, microbatches=2))
     if tier == "nightly":
         specs += history_specs("te_delayed", microbatches=2)
     # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
@@ -126,9 +151,13 @@ def moe_specs(tier: str) -> list[CaseSpec]:
     recipes = ("delayed",) if tier == "smoke" else ("delayed", None)
     modules = ("grouped_linear",) if tier == "smoke" else ("grouped_linear", "ops_grouped_linear")
     xs = (False,) if tier == "smoke" else (False, True)
-    return dedupe([CaseSpec("te_moe", MOE_WIDTHS, (False,), (False,), x, MOE_ROWS,
-                            te=TEConfig(rec, module, experts=4, frozen_experts=f))
-                   for f in frozen for rec in recipes for module in modules for x in xs])
+    specs = [CaseSpec("te_moe", MOE_WIDTHS, (False,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4,
+                                                                                      frozen_experts=f))
+             for f in frozen for rec in recipes for module in modules for x in xs]
+    if tier != "smoke":  # every expert's weight frozen, its bias trained
+        specs += [CaseSpec("te_moe", MOE_WIDTHS, (True,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4))
+                  for rec in recipes for module in modules for x in xs]
+    return dedupe(specs)
 
 
 LORA_TARGETS = {"qv": ("q", "v"), "attn": ("q", "k", "v", "o"), "mlp": ("fc_1", "fc_2", "proj"),
