@@ -1,7 +1,9 @@
 """The FP8 cast every emulation in the suite shares: scale, saturate, round with torch's float8 casts.
 
 TE's cast kernels convert with saturation to the largest finite value (cvt.rn.satfinite); torch's cast alone
-would give NaN (E4M3) or inf (E5M2) out of range, so values are clamped first. Sharing one function keeps the
+would give NaN (E4M3) or inf (E5M2) out of range, so values are clamped first, and a NaN becomes the positive NaN
+0x7F as the instruction gives it (torch keeps a NaN's sign: 0xFF). Measured on an H200 over all 2^32 fp32 inputs
+(scripts/device_check_fp8_cast.py): with that, every byte of both formats equals the hardware's. Sharing one function keeps the
 reference and the tex emulation bit-identical by construction (tests/test_fp8_cast.py checks it against
 torch's casts).
 """
@@ -15,7 +17,8 @@ FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 def quantize(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
     """x * scale in fp32, saturated to the format's largest finite value, then cast to `dtype`."""
     fp8_max = FP8_MAX[dtype]
-    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    scaled = (x.float() * scale).clamp(-fp8_max, fp8_max)
+    return torch.where(torch.isnan(scaled), scaled.abs(), scaled).to(dtype)
 
 
 def dequantize(data: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 
 DTYPES = ("fp32", "bf16")
 FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
-RECIPES = (None, "delayed", "current")
+RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4")
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 # Wrappers that compute gradients (one forward and backward per case), then training engines (distributed.engines: one
@@ -64,8 +64,8 @@ def _mask(bits: tuple[bool, ...]) -> str:
 class TEConfig:
     """How the TE lane runs a case (ignored by backends that do not use TE modules)."""
 
-    # FP8 recipe: None (no FP8, high-precision GEMMs), "delayed" (DelayedScaling, amax history) or
-    # "current" (Float8CurrentScaling).
+    # FP8 recipe: None (no FP8, high-precision GEMMs), "delayed" (DelayedScaling, amax history), "current"
+    # (Float8CurrentScaling), "mxfp8" (MXFP8BlockScaling), "block" (Float8BlockScaling) or "nvfp4" (NVFP4BlockScaling).
     recipe: str | None = None
     # Which TE construct serves the layers: the Linear module, the GroupedLinear op or the fused grouped MLP.
     module: str = "linear"
@@ -386,8 +386,9 @@ def validate(spec: CaseSpec) -> None:
         _check(spec.te.module in TE_MODULES, f"te.module={spec.te.module!r}: expected one of {TE_MODULES}")
         _check(spec.te.microbatches >= 1, f"te.microbatches={spec.te.microbatches!r}: at least one")
         _check(spec.te.fp8_format in FP8_FORMATS, f"te.fp8_format={spec.te.fp8_format!r}: expected one of {FP8_FORMATS}")
-        _check(spec.te.fp8_format == "E4M3" or spec.te.recipe is not None,
-               f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is None)")
+        _check(spec.te.fp8_format == "E4M3" or spec.te.recipe not in (None, "nvfp4"),
+               f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is {spec.te.recipe}; NVFP4 "
+               f"takes no FP8 format)")
         _check(spec.te.amax_history_len >= 1 and (spec.te.amax_history_len == 1024 or spec.te.recipe == "delayed"),
                f"te.amax_history_len={spec.te.amax_history_len!r}: a positive length, set only for te.recipe='delayed'")
         _check(not spec.te.grad_added_to_main_grad or spec.te.main_grad,

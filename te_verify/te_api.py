@@ -11,7 +11,8 @@ installed and there is no CUDA; else the reference. Every choice is checked chea
 the problem and the choice that would work); TE's import itself happens on first use of `impl.api`.
 
 The `api` namespace: Linear, GroupedLinear, GroupedMLP and ops (None where absent), autocast(enabled,
-recipe=...) (both TE spellings), DelayedScaling, Float8CurrentScaling, Format, is_fp8_available(return_reason).
+recipe=...) (both TE spellings), DelayedScaling, Float8CurrentScaling, the block-scaling recipes (MXFP8BlockScaling,
+Float8BlockScaling, NVFP4BlockScaling; None where absent), Format, is_fp8_available(return_reason).
 A `package.module` needs the REQUIRED names and a Linear taking LINEAR_KEYWORDS (else one line at start); a case
 using more of TE's API than the module has (GroupedLinear, te.ops, main_grad, backward_dw, Format) skips naming
 it (backends.te_eager.missing_api), and one needing FP8 where is_fp8_available says no skips with its reason.
@@ -88,6 +89,9 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
         autocast=_autocast_of(module),
         DelayedScaling=getattr(recipes, "DelayedScaling", None),
         Float8CurrentScaling=getattr(recipes, "Float8CurrentScaling", None),
+        MXFP8BlockScaling=getattr(recipes, "MXFP8BlockScaling", None),
+        Float8BlockScaling=getattr(recipes, "Float8BlockScaling", None),
+        NVFP4BlockScaling=getattr(recipes, "NVFP4BlockScaling", None),
         Format=getattr(recipes, "Format", None),
         is_fp8_available=getattr(module, "is_fp8_available", None),
     )
@@ -158,8 +162,7 @@ def _emulated(why: str, capability: str) -> TEImpl:
         tecpu.boot(capability)
         return _te_python()
 
-    describe = f"TE {version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}"
-    return TEImpl(CPU_CHOICE, EMULATED, why, describe, load)
+    return TEImpl(CPU_CHOICE, EMULATED, why, te_import.describe(version, capability), load)
 
 
 def _reference(why: str) -> TEImpl:
@@ -278,14 +281,24 @@ def ensure_te_importable() -> None:
         tecpu.boot(_CAPABILITY[0])
 
 
+# The spec's block-scaling recipe names -> the TE recipe class (api attribute) each builds.
+BLOCK_RECIPES = {"mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
+
+
 def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024):
-    """The spec's recipe name ("delayed"/"current"/None) as a recipe object of `api`, in `fp8_format`.
+    """The spec's recipe name (spec.RECIPES: "delayed", "current", "mxfp8", "block", "nvfp4" or None) as a recipe
+    object of `api`, in `fp8_format` (NVFP4BlockScaling takes none: E2M1 elements, E4M3 scales).
 
     "E4M3" uses E4M3 for gradients too, held to E4M3 tolerances (rtol 0.125, atol 0.0675: TE quantization_tols,
     thunder te_assert_close); "HYBRID" quantizes gradients to E5M2 (2 mantissa bits), held to rtol 0.25, atol 0.125.
     """
     if recipe is None:
         return None
+    if recipe in BLOCK_RECIPES:
+        cls = getattr(api, BLOCK_RECIPES[recipe], None)
+        if cls is None:
+            raise TEImplError(f"recipe {recipe!r}: this TE implementation has no {BLOCK_RECIPES[recipe]}")
+        return cls() if recipe == "nvfp4" else cls(fp8_format=getattr(api.Format, fp8_format))
     fmt = getattr(api.Format, fp8_format)
     if recipe == "delayed":
         # The history length only where the case sets one: a build's DelayedScaling need not take the keyword.

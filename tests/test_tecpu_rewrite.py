@@ -1,4 +1,4 @@
-"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R7 rewrites what it
+"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R9 rewrites what it
 should, records (file, line, rule), keeps line numbers, and leaves other code alone; the finder serves only
 `transformer_engine.*`; the version gate and the surface loader fail with one-line messages."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ def run(source: str) -> tuple[dict, list[tuple[str, int, str]]]:
     code = rewrite.rewrite_source(textwrap.dedent(source), FILE, sites)
     shim = types.SimpleNamespace(cuda=types.SimpleNamespace(marker="fake-cuda", current_device=lambda: 0),
                                  on_emulated_device=lambda t: ("on_emulated_device", t),
-                                 to_emulated_device=lambda t: ("to_emulated_device", t))
+                                 to_emulated_device=lambda t: ("to_emulated_device", t), cuda_version="12.9-emulated")
     scope = {"torch": torch, rewrite.SHIM_NAME: shim}
     exec(code, scope)
     return scope, sites
@@ -79,6 +79,28 @@ def test_r7_cuda_parameter_defaults_become_cpu() -> None:
     scope, sites = run("def f(a, device='cuda', *, other='cuda:0'):\n    return device, other\n")
     assert scope["f"](1) == ("cpu", "cpu"), f"R7: {scope['f'](1)}"
     assert rules(sites) == [(1, "R7"), (1, "R7")], f"R7 sites: {sites}"
+
+
+def test_r8_positional_current_device_to_a_device_parameter_becomes_cpu() -> None:
+    """TE 2.20's nvfp4_tensor.py passes torch.cuda.current_device() positionally to its own get_rht_matrix(flag,
+    device); only a same-module function whose parameter at that position is `device` is rewritten."""
+    scope, sites = run("""
+        def make(flag, device):
+            return torch.zeros(1, device=device)
+        def other(flag, index):
+            return index
+        t = make(True, torch.cuda.current_device())
+        i = other(True, torch.cuda.current_device())
+    """)
+    assert scope["t"].device.type == "cpu", f"R8: {scope['t'].device}"
+    assert scope["i"] == 0, "a parameter not named device keeps current_device() (through the shim, R1)"
+    assert rules(sites) == [(6, "R8"), (7, "R1")], f"R8 sites: {sites}"
+
+
+def test_r9_torch_version_cuda_is_the_emulated_cuda_version() -> None:
+    scope, sites = run("ok = torch.version.cuda\nv = torch.version.git_version\n")
+    assert scope["ok"] == "12.9-emulated", f"R9: {scope['ok']}"
+    assert rules(sites) == [(1, "R9")], f"R9 sites: {sites}"
 
 
 def test_line_numbers_are_kept() -> None:

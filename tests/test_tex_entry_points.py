@@ -22,7 +22,7 @@ MEASURED = {"generic_gemm", "te_general_grouped_gemm", "quantize", "split_quanti
 NOT_GEMM = {"group_dequantize", "create_empty_quantized_tensor", "get_grouped_gemm_setup_workspace_size",
             "swizzle_scales_for_gemm_", "grouped_swizzle_for_gemm", "multi_tensor_swizzle_scales_for_gemm_",
             "multi_tensor_swizzle_scales_for_gemm_unchecked_", "multi_tensor_quantize",  # MXFP8/NVFP4 scale layouts
-            "nvfp4_quantize_with_amax", "nvfp4_group_quantize_with_amax"}  # NVFP4 recipes (refused)
+            "nvfp4_quantize_with_amax", "nvfp4_group_quantize_with_amax"}  # NVFP4 fused grouped MLP (unemulated)
 
 
 def surface_functions(version: str) -> set[str]:

@@ -130,4 +130,4 @@ def to_emulated_device(t: torch.Tensor) -> torch.Tensor:
 def make_shim() -> types.SimpleNamespace:
     """The `__tecpu__` global of every rewritten TE module."""
     return types.SimpleNamespace(cuda=make_cuda(), on_emulated_device=on_emulated_device,
-                                 to_emulated_device=to_emulated_device)
+                                 to_emulated_device=to_emulated_device, cuda_version=device.CUDA_VERSION)

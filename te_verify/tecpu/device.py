@@ -18,6 +18,9 @@ TORCH_DTYPES = {"kByte": torch.uint8, "kInt32": torch.int32, "kInt64": torch.int
 
 # The emulated accelerator: every tensor the emulation makes names it (never torch's default device).
 EMULATED = torch.device("cpu")
+# The CUDA version TE's code reads as torch.version.cuda (rewrite rule R9): the toolkit of the cuBLASLt 13.0 that
+# tex.get_cublasLt_version reports (TE's FP8 block scaling asks for >= 12.9; CPU torch has None).
+CUDA_VERSION = "13.0"
 
 _CAPABILITY: list[str] = [DEFAULT_CAPABILITY]
 
@@ -38,6 +41,12 @@ def capability_name() -> str:
 
 def capability() -> tuple[int, int]:
     return CAPABILITIES[_CAPABILITY[0]]
+
+
+def sm_arch() -> int:
+    """transformer_engine::cuda::sm_arch(): 10 * major + minor (90 for sm90)."""
+    major, minor = capability()
+    return 10 * major + minor
 
 
 def non_tn_fp8_gemm() -> bool:

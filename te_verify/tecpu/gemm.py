@@ -6,7 +6,10 @@ CanonicalizeGemmInput (common/gemm/cublaslt_gemm.cu): on a TN-only device (sm90)
 (A) or transposed (B) must come from its columnwise (explicitly transposed) copy, and an FP8 GEMM needs its
 leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 values are multiplied
 exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
-precision fast accumulation is not modelled. Epilogues: bias add (forward), bias gradient = column sums of B
+precision fast accumulation is not modelled. Block-scaled operands (MXFP8, FP8 block scaling, NVFP4) are read from
+the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
+block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (NVFP4's
+amax / (6 * 448); 1 for the others). Epilogues: bias add (forward), bias gradient = column sums of B
 (grad=True); GELU and comm+GEMM overlap are refused.
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import torch
 
-from te_verify.tecpu import device
+from te_verify.tecpu import block_quantize, device
 from te_verify.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.tecpu.strict import refuse
 from te_verify.tecpu.te_classes import shape_of, te_class
@@ -44,17 +47,22 @@ def _fp8_operand(t: Any, name: str, use_columnwise: bool) -> tuple[torch.Tensor,
     return data.view(fp8_torch_dtype(t._fp8_dtype)).float(), t._scale_inv.float().reshape(())
 
 
-def _operand(t: Any, name: str, trans: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The logical 2-D operand (as stored, before op()) and its scale_inv when FP8."""
+Operand = tuple[torch.Tensor, "torch.Tensor | None", "str | None"]
+
+
+def _operand(t: Any, name: str, trans: bool) -> Operand:
+    """The logical 2-D operand (as stored, before op()), its scale factor and format when quantized."""
+    wants_columnwise = (not trans) if name == "A" else trans
     if _is_fp8(t):
         # sm90: A untransposed / B transposed come from the columnwise copy (the rest from rowwise data, which must
         # exist); sm100 reads the rowwise data, or the columnwise copy when there is none.
-        wants_columnwise = (not trans) if name == "A" else trans
         columnwise = t._data is None if device.non_tn_fp8_gemm() else wants_columnwise
-        return _fp8_operand(t, name, columnwise)
+        return (*_fp8_operand(t, name, columnwise), "Float8")
+    if block_quantize.kind_of(t) is not None:
+        return block_quantize.gemm_operand(t, name, use_rowwise=not wants_columnwise)
     if isinstance(t, te_class("QuantizedTensorStorage")):
         refuse(f"tex GEMM on a {type(t).__name__} operand")
-    return t.reshape(-1, t.shape[-1]), None
+    return t.reshape(-1, t.shape[-1]), None, None
 
 
 def _check_fp8_ld(a: torch.Tensor, b: torch.Tensor, transa: bool, transb: bool) -> None:
@@ -82,12 +90,15 @@ def _dims2(shape: tuple) -> tuple[int, int]:
     return rows, shape[-1]
 
 
-def product(a_op: tuple, transa: bool, b_op: tuple, transb: bool) -> torch.Tensor:
-    """op(B) @ op(A) in fp32; FP8 operands multiplied as FP8 values, then scaled by scale_inv_A * scale_inv_B."""
-    (a, a_si), (b, b_si) = a_op, b_op
+def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.Tensor:
+    """op(B) @ op(A) in fp32; quantized operands multiplied as their (block-scaled) values, then scaled by both
+    per-tensor factors (scale_inv_A * scale_inv_B)."""
+    (a, a_si, a_format), (b, b_si, b_format) = a_op, b_op
     if (a_si is None) != (b_si is None):
         refuse("a GEMM mixing FP8 and high-precision operands")
-    if a_si is not None:
+    if a_format != b_format:
+        refuse(f"a GEMM mixing {a_format} and {b_format} operands")
+    if a_format == "Float8":
         _check_fp8_ld(a, b, transa, transb)
     opa = a.float().t() if transa else a.float()
     opb = b.float().t() if transb else b.float()
@@ -98,8 +109,8 @@ def product(a_op: tuple, transa: bool, b_op: tuple, transb: bool) -> torch.Tenso
 def _out_dtype(output_dtype: Any, A: Any) -> torch.dtype:
     if output_dtype is not None:
         return device.torch_dtype(output_dtype)
-    if _is_fp8(A):
-        refuse("generic_gemm of FP8 operands without an output dtype")
+    if isinstance(A, te_class("QuantizedTensorStorage")):
+        refuse("generic_gemm of quantized operands without an output dtype")
     return A.dtype
 
 

@@ -8,7 +8,8 @@ transformer-engine-torch sdist; common/recipe/*.cu{,h}):
   floor, 1.0 for 0/inf/NaN amax, fp32-max for an infinite scale, optional power-of-2), then the cast.
 - Storage as TE allocates it: uint8 rowwise data iff rowwise usage (or the device runs non-TN FP8 GEMMs),
   uint8 transposed data iff columnwise usage on a TN-only device (sm90); scale_inv one fp32 element.
-Other quantizers (MXFP8, block scaling, NVFP4) are refused: the case errors, naming the quantizer.
+The block-scaled quantizers (MXFP8Quantizer, Float8BlockQuantizer, NVFP4Quantizer) go to block_quantize.py; any
+other quantizer is refused: the case errors, naming it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from te_verify import fp8
-from te_verify.tecpu import device
+from te_verify.tecpu import block_quantize, block_storage, device
 from te_verify.tecpu.strict import refuse
 from te_verify.tecpu.te_classes import te_class
 
@@ -46,7 +47,7 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
 def _kind(quantizer: Any) -> str:
     if quantizer is None:
         raise RuntimeError("NoneQuantizer does not support quantization")
-    for kind in ("Float8CurrentScalingQuantizer", "Float8Quantizer"):
+    for kind in ("Float8CurrentScalingQuantizer", "Float8Quantizer", *block_storage.BLOCK_KINDS):
         if isinstance(quantizer, te_class(kind)):
             return kind
     refuse(f"tex quantization with {type(quantizer).__name__}")
@@ -136,7 +137,9 @@ def _quantize_into(q: Any, x: torch.Tensor, out: Any) -> None:
 def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag: torch.Tensor | None = None) -> Any:
     """tex.quantize: into a new Float8Tensor, or into `output` (reshaped to the usages)."""
     src = tensor.contiguous()
-    _kind(quantizer)
+    kind = _kind(quantizer)
+    if kind in block_storage.BLOCK_KINDS:
+        return block_quantize.quantize(kind, quantizer, src, output, noop_flag)
     if output is None:
         output = _allocate(quantizer, tuple(src.shape), src.dtype, src)
     else:
@@ -161,7 +164,9 @@ def split_quantize(tensor: torch.Tensor, split_sections: list[int], quantizer_li
 
 
 def dequantize(input: Any, otype: Any) -> torch.Tensor:
-    """tex.dequantize of a Float8 tensor to the dtype `otype`."""
+    """tex.dequantize of a quantized tensor to the dtype `otype`."""
+    if block_quantize.kind_of(input) is not None:
+        return block_quantize.dequantize(input, device.torch_dtype(otype))
     if not isinstance(input, te_class("Float8TensorStorage")):
         refuse(f"tex.dequantize of {type(input).__name__}")
     if input._data is not None:

@@ -12,6 +12,10 @@ module from its own source after these rewrites, which therefore hold exactly in
   R5 `torch.device("cuda", i)`         -> `torch.device("cpu")` (a CPU device has no index)
   R6 `device=torch.cuda.current_device()` -> `device="cpu"` (elsewhere current_device() is 0)
   R7 a parameter default `"cuda"` (`def __init__(..., device="cuda")`) -> `"cpu"`
+  R8 `torch.cuda.current_device()` passed positionally to a function of the same module whose parameter at that
+     position is `device` (TE 2.20's nvfp4_tensor.py: get_rht_matrix(flag, torch.cuda.current_device())) -> `"cpu"`
+  R9 `torch.version.cuda`               -> the emulated CUDA version (te_verify.tecpu.device.CUDA_VERSION): CPU
+                                          torch has None, on which TE's FP8 block-scaling check fails
 
 Line numbers are kept, so tracebacks and call sites name TE's real file:line. Every rewrite is recorded.
 """
@@ -67,11 +71,28 @@ def _shim(attr: str) -> ast.Attribute:
     return ast.Attribute(ast.Name(SHIM_NAME, ast.Load()), attr, ast.Load())
 
 
-class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R7 to one module's tree, appending to `sites`."""
+def _device_positions(tree: ast.Module) -> dict[str, int]:
+    """Module-level functions taking a positional parameter named `device`: name -> its position (R8)."""
+    positions = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+            if "device" in names:
+                positions[node.name] = names.index("device")
+    return positions
 
-    def __init__(self, filename: str, sites: list[tuple[str, int, str]]) -> None:
+
+def _is_torch_version_cuda(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "cuda" and _is_torch_attr(node.value, "version")
+
+
+class CudaRewriter(ast.NodeTransformer):
+    """Applies R1-R9 to one module's tree, appending to `sites`."""
+
+    def __init__(self, filename: str, sites: list[tuple[str, int, str]],
+                 device_positions: dict[str, int] | None = None) -> None:
         self.filename, self.sites = filename, sites
+        self.device_positions = device_positions or {}
 
     def _note(self, node: ast.AST, rule: str) -> None:
         self.sites.append((self.filename, getattr(node, "lineno", 0), rule))
@@ -89,6 +110,9 @@ class CudaRewriter(ast.NodeTransformer):
             target = self.visit(node.func.value)
             return ast.copy_location(ast.Call(_shim("to_emulated_device"), [target], []), node)
         node.args = [self._cpu(a, "R4 'cuda' argument") if _is_cuda_string(a) else a for a in node.args]
+        position = self.device_positions.get(node.func.id) if isinstance(node.func, ast.Name) else None
+        if position is not None and position < len(node.args) and _is_current_device_call(node.args[position]):
+            node.args[position] = self._cpu(node.args[position], "R8 positional device=torch.cuda.current_device()")
         for kw in node.keywords:
             if _is_cuda_string(kw.value):
                 kw.value = self._cpu(kw.value, "R4 'cuda' argument")
@@ -109,6 +133,9 @@ class CudaRewriter(ast.NodeTransformer):
         return self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and _is_torch_version_cuda(node):
+            self._note(node, "R9 torch.version.cuda")
+            return ast.copy_location(_shim("cuda_version"), node)
         if isinstance(node.ctx, ast.Load) and _is_torch_attr(node, "cuda"):
             self._note(node, "R1 torch.cuda")
             return ast.copy_location(_shim("cuda"), node)
@@ -121,7 +148,8 @@ class CudaRewriter(ast.NodeTransformer):
 
 def rewrite_source(source: str, filename: str, sites: list[tuple[str, int, str]]) -> types.CodeType:
     """Compile TE source with the CUDA touch points rewritten (line numbers preserved)."""
-    tree = CudaRewriter(filename, sites).visit(ast.parse(source, filename))
+    tree = ast.parse(source, filename)
+    tree = CudaRewriter(filename, sites, _device_positions(tree)).visit(tree)
     return compile(ast.fix_missing_locations(tree), filename, "exec", dont_inherit=True)
 
 

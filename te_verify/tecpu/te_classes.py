@@ -10,6 +10,15 @@ _MODULES = {
     "Float8Tensor": "transformer_engine.pytorch.tensor.float8_tensor",
     "Float8TensorStorage": "transformer_engine.pytorch.tensor.storage.float8_tensor_storage",
     "QuantizedTensorStorage": "transformer_engine.pytorch.quantized_tensor",
+    "MXFP8Quantizer": "transformer_engine.pytorch.tensor.mxfp8_tensor",
+    "MXFP8Tensor": "transformer_engine.pytorch.tensor.mxfp8_tensor",
+    "MXFP8TensorStorage": "transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage",
+    "Float8BlockQuantizer": "transformer_engine.pytorch.tensor.float8_blockwise_tensor",
+    "Float8BlockwiseQTensor": "transformer_engine.pytorch.tensor.float8_blockwise_tensor",
+    "Float8BlockwiseQTensorStorage": "transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage",
+    "NVFP4Quantizer": "transformer_engine.pytorch.tensor.nvfp4_tensor",
+    "NVFP4Tensor": "transformer_engine.pytorch.tensor.nvfp4_tensor",
+    "NVFP4TensorStorage": "transformer_engine.pytorch.tensor.storage.nvfp4_tensor_storage",
 }
 
 

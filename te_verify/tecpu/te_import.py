@@ -24,6 +24,16 @@ from packaging.version import Version
 from te_verify.tecpu import cuda, device, rewrite, surface, tex
 
 MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
+# The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
+# TE accepts is TE's own check against the emulated capability.
+QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, "
+              "NVFP4BlockScaling (MXFP8 and NVFP4 need sm100; NVFP4 stochastic rounding from a seeded generator)")
+
+
+def describe(te_version: str, capability: str) -> str:
+    """The report header's line for TE's Python over the emulation."""
+    return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
+            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda; {QUANTIZERS}")
 
 
 class BootError(RuntimeError):
@@ -47,8 +57,7 @@ class BootInfo:
 
     @property
     def header(self) -> str:
-        return (f"TE {self.te_version} Python layer; tex emulated on CPU (C++ kernels not under test); "
-                f"emulated {self.capability}")
+        return describe(self.te_version, self.capability)
 
 
 _BOOTED: list[BootInfo] = []

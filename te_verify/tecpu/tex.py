@@ -13,13 +13,14 @@ from typing import Callable
 
 import torch
 
-from te_verify.tecpu import gemm, quantize
+from te_verify.tecpu import block_quantize, gemm, quantize
 from te_verify.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.tecpu.surface import Surface
 
 MODULE_NAME = "transformer_engine_torch"
 
-# What the emulation implements: the Linear, GroupedLinear and te.ops Linear paths (fp32, bf16, per-tensor FP8).
+# What the emulation implements: the Linear, GroupedLinear and te.ops Linear paths (fp32, bf16, per-tensor FP8,
+# MXFP8, FP8 block scaling, NVFP4).
 EMULATED: dict[str, Callable] = {
     "generic_gemm": gemm.generic_gemm,
     "te_general_grouped_gemm": gemm.te_general_grouped_gemm,
@@ -28,6 +29,10 @@ EMULATED: dict[str, Callable] = {
     "dequantize": quantize.dequantize,
     "bgrad_quantize": quantize.bgrad_quantize,
     "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
+    # Columnwise copies made from rowwise ones (2D block-scaled weights: update_usage / _create_columnwise).
+    "fp8_transpose": block_quantize.fp8_transpose,
+    "nvfp4_data_transpose": block_quantize.nvfp4_data_transpose,
+    "nvfp4_2d_scale_transpose": block_quantize.nvfp4_2d_scale_transpose,
     # Library queries: fixed answers for a recent CUDA stack (TE checks minimum versions with them).
     "get_num_cublas_streams": lambda: 4,
     "get_cublasLt_version": lambda: 130000,
