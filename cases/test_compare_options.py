@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from te_verify.matrix import NON_SQUARE4, SQUARE4, check_tier, named_masks
-from te_verify.probes.compare import OPTION_SETS, compare_options
+from te_verify.matrix.tiers import NON_SQUARE4, SQUARE4, check_tier, named_masks
+from te_verify.run.compare_options import OPTION_SETS, compare_options
 from te_verify.spec import CaseSpec
 
 FAMILY = "compare"

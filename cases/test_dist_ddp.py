@@ -1,6 +1,6 @@
 """Distributed lane: DDP (find_unused_parameters, static_graph, gradient_as_bucket_view, bucket size), with frozen parameters; parity, gradient volume, reshard timing, peak."""
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_dist import ddp_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
+from te_verify.matrix.dist import ddp_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
 
 FAMILY = "dist_ddp"
 LANE = "dist"

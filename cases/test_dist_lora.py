@@ -2,7 +2,7 @@
 per block) and thunder's ddp/fsdp; parity and None-ness against eager, no gradient reduction for frozen
 parameters, per-rank site GEMMs."""
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_dist import dist_lora_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
+from te_verify.matrix.dist import dist_lora_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
 
 FAMILY = "dist_lora"
 LANE = "dist"

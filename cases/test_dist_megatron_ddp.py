@@ -1,6 +1,6 @@
 """Distributed lane, training engines: Megatron-core DDP 0.16.1 (grad buffers, main_grad; overlap, bucket size, microbatches) training with SGD, frozen patterns and LoRA blocks; parameters after every step against eager SGD, state kept per rank."""
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_engines import megatron_ddp_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
+from te_verify.matrix.engines import megatron_ddp_specs as SPECS  # noqa: F401 -- the plugin parametrizes from SPECS
 
 FAMILY = "dist_megatron_ddp"
 LANE = "dist"

@@ -12,9 +12,9 @@ import datetime
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
-from te_verify.caserun import CaseRun
-from te_verify.matrix import case_specs
-from te_verify.matrix_models import model_case_specs
+from te_verify.run.caserun import CaseRun
+from te_verify.matrix.stacks import case_specs
+from te_verify.matrix.models import model_case_specs
 from te_verify.plugin import known_gap
 
 FAMILY = "generated"

@@ -2,8 +2,8 @@
 sites named by peft's module paths ("...q_proj.lora_A.default"), the oracle read from the torch.export graph."""
 import pytest
 
-from te_verify.matrix_models import pr_skip_reason
-from te_verify.matrix_models import hf_peft_specs as SPECS  # noqa: F401  (read by the plugin)
+from te_verify.matrix.models import pr_skip_reason
+from te_verify.matrix.models import hf_peft_specs as SPECS  # noqa: F401  (read by the plugin)
 
 FAMILY = "hf_peft"
 LANE = "torch"

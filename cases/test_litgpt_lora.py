@@ -2,8 +2,8 @@
 (`x @ lora_A.T @ lora_B.T`, the fused qkv's grouped conv1d) counted as the linear sites they are."""
 import pytest
 
-from te_verify.matrix_models import pr_skip_reason
-from te_verify.matrix_models import litgpt_lora_specs as SPECS  # noqa: F401  (read by the plugin)
+from te_verify.matrix.models import pr_skip_reason
+from te_verify.matrix.models import litgpt_lora_specs as SPECS  # noqa: F401  (read by the plugin)
 
 FAMILY = "litgpt_lora"
 LANE = "torch"

@@ -9,9 +9,9 @@ from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
-from te_verify.matrix_te import contract_specs as SPECS  # noqa: F401
-from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import output_reference, run_te
+from te_verify.matrix.te import contract_specs as SPECS  # noqa: F401
+from te_verify.run.microbatch import run_microbatches
+from te_verify.run.te_case import output_reference, run_te
 
 FAMILY = "te_contract"
 LANE = "te"

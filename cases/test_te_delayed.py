@@ -19,9 +19,9 @@ from te_verify.checks.state import output_parity, params_after_steps, state_left
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
-from te_verify.matrix_te import delayed_specs as SPECS  # noqa: F401
-from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts
+from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
+from te_verify.run.microbatch import run_microbatches
+from te_verify.run.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_delayed"
 LANE = "te"

@@ -16,10 +16,10 @@ from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict
-from te_verify.fp8 import fp8_dims_ok
-from te_verify.matrix_te import fp8_specs as SPECS  # noqa: F401
-from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
+from te_verify.te.fp8 import fp8_dims_ok
+from te_verify.matrix.te import fp8_specs as SPECS  # noqa: F401
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_fp8"
 LANE = "te"

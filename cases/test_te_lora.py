@@ -10,12 +10,12 @@ from te_verify.checks.state import output_parity
 from te_verify.checks.te_family import te_family_waste
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.tolerances import derived_tolerance, tolerance_for, truth_bound
-from te_verify.matrix_te import te_lora_specs as SPECS  # noqa: F401
+from te_verify.matrix.te import te_lora_specs as SPECS  # noqa: F401
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
-from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.runner import run_case, run_fp64_eager
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.run.runner import run_case, run_fp64_eager
 from te_verify.backends.te_eager import skip_unsupported
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
+from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_lora"
 LANE = "te"

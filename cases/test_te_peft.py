@@ -2,8 +2,8 @@
 Python) shows no wgrad GEMM for frozen weights and no dgrad where nothing upstream needs it; the saved FP8
 copies are exactly the ones those GEMMs read; FLOPs and saved bytes equal the oracle's (checks.te_waste).
 """
-from te_verify.matrix_te import peft_specs as SPECS  # noqa: F401
-from te_verify.te_case import verify_te_stack
+from te_verify.matrix.te import peft_specs as SPECS  # noqa: F401
+from te_verify.run.te_case import verify_te_stack
 
 FAMILY = "te_peft"
 LANE = "te"

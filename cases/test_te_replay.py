@@ -18,9 +18,9 @@ from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
-from te_verify.matrix_te import replay_specs as SPECS  # noqa: F401
-from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
+from te_verify.matrix.te import replay_specs as SPECS  # noqa: F401
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
 FAMILY = "te_replay"
 LANE = "te"

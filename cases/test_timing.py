@@ -1,5 +1,5 @@
 """Freezing before versus after the backend prepares the model, and unfreezing after (a PEFT schedule step)."""
-from te_verify.matrix import timing_specs as SPECS  # noqa: F401  (read by the plugin)
+from te_verify.matrix.stacks import timing_specs as SPECS  # noqa: F401  (read by the plugin)
 
 FAMILY = "timing"
 LANE = "torch"

@@ -2,7 +2,7 @@
 
 What the two ratios mean (both are medians over the cases; every 4th pr spec of every torch-lane family,
 all of them with --all):
-- step: one `run_prepared` call (te_verify/runner.py) on a callable that is already prepared and, for the
+- step: one `run_prepared` call (te_verify/run/runner.py) on a callable that is already prepared and, for the
   compilers, already compiled: the forward, the spec's backward passes and the harness's snapshots of output
   and grads; the probed arm also enters the default probes, switches their phases, leaves them and reads
   their figures and observations. That is everything probing adds to a case, so the ratio is what probing
@@ -30,11 +30,11 @@ import time
 
 import torch
 from te_verify.backends.registry import resolve_backend
-from te_verify.matrix import FAMILIES
+from te_verify.matrix.stacks import FAMILIES
 from te_verify.models import build_model, make_inputs
 from te_verify.probes import default_probes
 from te_verify.record import Record
-from te_verify.runner import prepare_frozen, run_case, run_prepared
+from te_verify.run.runner import prepare_frozen, run_case, run_prepared
 from te_verify.spec import CaseSpec
 
 REPEATS = 15  # timed run_prepared calls per arm and case

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from te_verify.compat.thunder import import_thunder
-from te_verify.matrix_models import LORA_TARGETS, model_spec
+from te_verify.matrix.models import LORA_TARGETS, model_spec
 from te_verify.models import llama
 from te_verify.spec import ModelConfig
 

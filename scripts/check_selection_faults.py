@@ -3,7 +3,7 @@
 Runs each planted torch-lane backend of tests/ (a wrong gradient, a gradient kept for a frozen weight, a dropped
 gradient, a diverging or raising replay, a wrong output, a written frozen bias, wasted GEMMs and saves, LoRA
 faults, a library model's LoRA base computing its frozen wgrad) over every pr candidate of the families it applies
-to, and over the pr tier te_verify.selection chooses for it, and prints how many cases each fails: a fault caught
+to, and over the pr tier te_verify.matrix.selection chooses for it, and prints how many cases each fails: a fault caught
 by the candidates must be caught by the choice.
 
     PYTHONPATH=tests .venv/bin/python scripts/check_selection_faults.py
@@ -18,10 +18,10 @@ from planted_lora import PlantedLoRA
 from planted_real_models import DiscardedBaseWgrad
 from waste_planted import PlantedBackend
 
-from te_verify.caserun import CaseRun
-from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
-from te_verify.selection import select_pr
+from te_verify.run.caserun import CaseRun
+from te_verify.matrix.stacks import FAMILIES
+from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
+from te_verify.matrix.selection import select_pr
 
 STACKS = {name: gen for name, gen in FAMILIES.items()}
 MODELS = {"lora": lora_specs, "stages": stage_specs}

@@ -3,7 +3,7 @@
 cast the tex emulation uses, over every fp32 bit pattern.
 
 TE's MXFP8 and FP8 block-scaling kernels convert x * scale with PTX cvt.rn.satfinite.{e4m3x2,e5m2}x2.f32 (round to
-nearest even, saturating to the largest finite value, NaN kept). The emulation (te_verify/fp8.py, called by
+nearest even, saturating to the largest finite value, NaN kept). The emulation (te_verify/te/fp8.py, called by
 mxfp8.py and block_fp8.py) clamps to +-max and casts with torch's CPU float8 conversion. This runs the PTX
 instruction on the GPU for all 2^32 inputs, chunk by chunk, and compares every byte with the emulation's on the
 CPU. Prints (and writes to $OUT/fp8_cast.json if OUT is set) the mismatches per format and input class, with the
@@ -22,7 +22,7 @@ import cupy
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from te_verify import fp8  # noqa: E402
+from te_verify.te import fp8  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void cvt(const float* x, unsigned char* e4m3, unsigned char* e5m2, long long n) {

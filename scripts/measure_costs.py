@@ -1,4 +1,4 @@
-"""Rewrite te_verify/data/pr_costs.json, the measured cost of every pr-tier case that te_verify.selection weighs
+"""Rewrite te_verify/data/pr_costs.json, the measured cost of every pr-tier case that te_verify.matrix.selection weighs
 when it chooses the pr tier, from a run of the pr tier's candidates.
 
     .venv/bin/python -m te_verify.cli run --tier pr --report-dir /tmp/prall -p no:randomly --pr-candidates
@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from te_verify.selection import COSTS, write_costs
+from te_verify.matrix.selection import COSTS, write_costs
 
 
 def main() -> None:

@@ -69,8 +69,8 @@ def render_folder(report_dir: Path) -> int:
 
 def expectations_update(args: argparse.Namespace) -> int:
     """Rewrite expectations/*.toml from a run, like `wpt update-expectations`; reasons and links are kept."""
-    from te_verify.expectations import ExpectationsError
-    from te_verify.expectations_update import update_from_results
+    from te_verify.expectations.entries import ExpectationsError
+    from te_verify.expectations.update import update_from_results
 
     source = Path(args.report)
     results = source / "results.json" if source.is_dir() else source

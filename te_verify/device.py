@@ -10,6 +10,7 @@ distinct GPUs because nccl forbids two ranks of one communicator on one GPU.
 """
 from __future__ import annotations
 
+import platform
 import re
 
 import torch
@@ -109,3 +110,11 @@ def active() -> torch.device:
     if not _ACTIVE:
         _ACTIVE.append(resolve(None))
     return _ACTIVE[0]
+
+
+def describe() -> str:
+    """The run's device, kind first: "cuda: NVIDIA H100 80GB HBM3 x8" or "cpu: x86_64"."""
+    active_device = active()
+    if active_device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(active_device)} x{torch.cuda.device_count()}"
+    return f"cpu: {platform.processor() or platform.machine()}"

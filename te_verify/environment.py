@@ -6,6 +6,10 @@ import platform
 
 import torch
 
+from te_verify import device as run_device
+from te_verify.te import api as te_api
+from te_verify.te.api import transformer_engine_version
+
 
 def _version(dist: str) -> str:
     try:
@@ -14,18 +18,8 @@ def _version(dist: str) -> str:
         return "absent: not installed"
 
 
-def transformer_engine_version() -> str | None:
-    """The installed transformer-engine version (read from its metadata, without importing TE)."""
-    try:
-        return importlib.metadata.version("transformer_engine")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def transformer_engine_status() -> str:
     """The installed TE and what serves the TE families in this run (the active --te-impl)."""
-    from te_verify import te_api
-
     impl = te_api.active()
     version = transformer_engine_version()
     installed = version if version else "absent: not installed"
@@ -34,12 +28,7 @@ def transformer_engine_status() -> str:
 
 def device() -> str:
     """The run's device (--device), kind first: "cuda: NVIDIA H100 80GB HBM3 x8" or "cpu: x86_64"."""
-    from te_verify import device as run_device
-
-    active = run_device.active()
-    if active.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(active)} x{torch.cuda.device_count()}"
-    return f"cpu: {platform.processor() or platform.machine()}"
+    return run_device.describe()
 
 
 def versions() -> dict[str, str]:

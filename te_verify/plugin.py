@@ -14,26 +14,27 @@ from pathlib import Path
 
 import pytest
 
-from te_verify import compat, environment, process_state
+from te_verify import compat, environment
+from te_verify.run import process_state
 from te_verify import device as run_device
 from te_verify.checks.leftovers import process_left_by_test
 from te_verify.checks.verdict import CheckFailures
-from te_verify.expectations import (ExpectationsError, covering, current_env, load_expectations, mark_reason,
+from te_verify.expectations.entries import (ExpectationsError, covering, current_env, load_expectations, mark_reason,
                                     seen_in_rows, skip_entry, stale, stale_message)
-from te_verify.known_gaps import Judgement, check_results, judge
+from te_verify.expectations.judge import Judgement, check_results, judge
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
 from te_verify.distributed.declare import declared_wrapper
-from te_verify.matrix import TierError, check_tier
+from te_verify.matrix.tiers import TierError, check_tier
 from te_verify.report.repro import repro_hint
 from te_verify.report.results import outcome_of, reason_of
 from te_verify.report.stream import RowStream, crash_row
 from te_verify.report.writer import write_report
-from te_verify.resume import ResumeError, done_nodeids, load_previous
+from te_verify.report.resume import ResumeError, done_nodeids, load_previous
 from te_verify.distributed.engines import engine
-from te_verify.selection import select_pr
-from te_verify.shard import ShardError, selected_shard
+from te_verify.matrix.selection import select_pr
+from te_verify.matrix.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,8 @@ DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met
 
 
 # Fixtures and options of the lanes, --shard and --case-order.
-LANE_PLUGINS = ("te_verify.distributed.fixtures", "te_verify.probes.options", "te_verify.shard",
-                "te_verify.case_order")
+LANE_PLUGINS = ("te_verify.distributed.pool.fixtures", "te_verify.probes.options", "te_verify.matrix.shard",
+                "te_verify.matrix.case_order")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -66,7 +67,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--expectations", default=str(ROOT / "expectations"),
                     help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
     group.addoption("--pr-candidates", action="store_true",
-                    help="run every pr-tier candidate instead of the chosen pr tier (te_verify.selection)")
+                    help="run every pr-tier candidate instead of the chosen pr tier (te_verify.matrix.selection)")
     group.addoption("--resume", default=None, metavar="DIR",
                     help="finish the killed run whose report folder is DIR: run only its selected cases without a row")
 
@@ -135,7 +136,7 @@ def _availability(backend) -> str:
 
 def _activate_te_impl(choice: str | None, capability: str):
     """Resolve and activate --te-impl before any backend or thunder import (checked cheaply; TE loads on use)."""
-    from te_verify import te_api
+    from te_verify.te import api as te_api
 
     impl = te_api.resolve(choice, capability)
     te_api.activate(impl, capability)
@@ -332,7 +333,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def _judge_call(entries: list, run: CaseRun | None, report: pytest.TestReport, call: pytest.CallInfo) -> Judgement | None:
-    """Judge a case's call phase check by check (te_verify.known_gaps) and set the report's outcome to match:
+    """Judge a case's call phase check by check (te_verify.expectations.judge) and set the report's outcome to match:
     xfailed when exactly its known gaps failed as described, failed when anything else failed or a covered check
     passed. None for a phase or a test that ran no check (a skip, a harness error, a test without a case)."""
     if report.when != "call" or report.skipped or any(e.status == "skip" for e in entries):

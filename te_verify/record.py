@@ -84,7 +84,7 @@ class Record:
     # Raw probe observations that checks read (e.g. GEMM events); not written to the report.
     observations: dict[str, Any] = field(default_factory=dict)
     # What the run left changed in the process state, one message per setting ("left grad mode disabled"), each
-    # restored before anything else ran (te_verify.process_state.watched); None where the run was not watched.
+    # restored before anything else ran (te_verify.run.process_state.watched); None where the run was not watched.
     process_left: list[str] | None = None
     # How many process settings were compared before and after the run (0 where not watched).
     process_compared: int = 0

@@ -98,6 +98,19 @@ def default_backward(out: torch.Tensor, cotangent: torch.Tensor) -> None:
     out.backward(cotangent)
 
 
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes one rank holds in one category of engine state (one fp32 element per trainable element: SGD's momentum,
+    a master copy, a gradient), and whether the engine shards that category."""
+
+    # Bytes held by this rank.
+    nbytes: int
+    # Sharded over the data-parallel ranks (a rank needs its share of the trainable parameters' room only).
+    sharded: bool
+    # Bytes of padding the engine's layout may add beyond that (bucket alignment), as its file documents.
+    slack: int = 0
+
+
 @dataclass
 class TrainStep:
     """How a backend trains, besides calling its module on a microbatch."""

@@ -248,7 +248,8 @@ SHAPES = {"mxfp8": (128, 64, 32), "nvfp4": (128, 128, 64), "block": (256, 128, 1
 def main(capability: str, recipes: list[str]) -> dict[str, list[str]]:
     sys.path.insert(0, str(Path(__file__).parent))
     from planted_block_quantizers import PLANTED
-    from te_verify import tecpu, te_api
+    from te_verify.te import tecpu
+    from te_verify.te import api as te_api
 
     tecpu.boot(capability)
     import transformer_engine.pytorch as te

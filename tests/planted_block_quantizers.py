@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from te_verify.tecpu import block_scales, mxfp8, nvfp4
+from te_verify.te.tecpu import block_scales, mxfp8, nvfp4
 
 
 @contextlib.contextmanager

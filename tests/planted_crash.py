@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from te_verify.matrix import FAMILIES
+from te_verify.matrix.stacks import FAMILIES
 
 VICTIM = FAMILIES["freeze"]("smoke")[1].id  # the case whose worker dies
 

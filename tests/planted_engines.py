@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from te_verify.distributed.engines import megatron_ddp
-from te_verify.distributed.wrappers import Wrapped
+from te_verify.distributed.types import Wrapped
 
 
 def _frozen(wrapped: Wrapped) -> list[torch.nn.Parameter]:

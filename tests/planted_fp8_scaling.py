@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 
 
 def _tex():

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from planted_backends import _Planted
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 
 
 class LayerNormLinearTE:

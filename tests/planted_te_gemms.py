@@ -23,10 +23,10 @@ from typing import Any, Iterator
 
 import torch
 
-from te_verify import te_api
-from te_verify.tecpu.gemm import output_shape
-from te_verify.tecpu.record import TEX_MODULE
-from te_verify.tecpu.te_classes import shape_of
+from te_verify.te import api as te_api
+from te_verify.te.tecpu.gemm import output_shape
+from te_verify.te.tecpu.record import TEX_MODULE
+from te_verify.te.tecpu.te_classes import shape_of
 
 
 @functools.cache

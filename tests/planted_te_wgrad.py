@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 
 WGRAD_ERROR = 1.05
 # general_gemm's layout in _Linear's backward, by role (grad=True): dw = dy^T x is "NT", dx = dy W is "NN".

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from te_verify.distributed.wrappers import Wrapped, wrap_ddp, wrap_fsdp2
+from te_verify.distributed.types import Wrapped
+from te_verify.distributed.wrappers import wrap_ddp, wrap_fsdp2
 
 
 def defer_reshard_fsdp2(model, spec) -> Wrapped:

@@ -10,7 +10,7 @@ import torch
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    from te_verify import te_api
+    from te_verify.te import api as te_api
 
     te_api.active().api  # noqa: B018 -- boots TE's Python (over the emulation) before the poison
     torch.set_default_device("meta")

@@ -7,7 +7,7 @@ from planted_te_gemms import install, te_python_api
 
 install("split_k")
 
-# The API subset a --te-impl module exposes (te_verify.te_api): TE's own.
+# The API subset a --te-impl module exposes (te_verify.te.api): TE's own.
 _api = te_python_api()
 Linear, GroupedLinear, GroupedMLP, ops = _api.Linear, _api.GroupedLinear, _api.GroupedMLP, _api.ops
 autocast = _api.autocast

@@ -2,7 +2,7 @@
 
 The order test runs shape and replay cases of torch_compile and torch_compile_dynamic in one process, forward and
 reversed, and compares every case's outcome and check results: the first case of each order runs with nothing before
-it, so each end of the selection is also compared with itself alone. Without te_verify.isolation (dynamo's state kept
+it, so each end of the selection is also compared with itself alone. Without te_verify.run.isolation (dynamo's state kept
 between cases) and with torch's default dynamic=None, the torch_compile replays fail after a case with another input
 width (automatic dynamic shapes) and pass in the other order. tests/test_isolation.py covers the rest of what is cut.
 """
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from test_plugin import run_pytest
 
-from te_verify import case_order
+from te_verify.matrix import case_order
 
 ORDERED = ["cases/test_shapes.py", "cases/test_replay.py", "--tier", "nightly", "--backend", "torch_compile",
            "--backend", "torch_compile_dynamic", "-k",

@@ -6,7 +6,7 @@ import pytest
 from planted_backends import DropsGrad, GradForFrozen, OffByOnePercent, RaisesOnReplay, ReplayDiverges
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.registry import resolve_backend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.spec import CaseSpec
 
 ALT = (True, False, True, False)

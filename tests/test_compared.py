@@ -3,10 +3,10 @@ nothing where the case has something to compare fails saying so (never a pass)."
 import pytest
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.state import params_after_steps
@@ -14,7 +14,7 @@ from te_verify.checks.tolerances import DTYPE_TOLERANCES
 from te_verify.checks.verdict import CheckFailures
 from te_verify.record import Record, TensorState
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
-from te_verify.te_case import verify_te_stack
+from te_verify.run.te_case import verify_te_stack
 
 ALT = (True, False, True, False)
 STACK = CaseSpec("freeze", (32, 64, 128, 64, 32), ALT, ALT, True, (8,))

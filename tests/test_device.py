@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from te_verify import device as run_device
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.thunder_te import ThunderTEBackend
-from te_verify.distributed.pool import RankPool
-from te_verify.matrix import freeze_specs
+from te_verify.distributed.pool.pool import RankPool
+from te_verify.matrix.stacks import freeze_specs
 from te_verify.models import build_model, make_inputs
 
 CPU = torch.device("cpu")

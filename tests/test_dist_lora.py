@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from te_verify.distributed.pool import RankPool
+from te_verify.distributed.pool.pool import RankPool
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_dist import LORA_QV, _lora_spec, dist_lora_specs
+from te_verify.matrix.dist import LORA_QV, _lora_spec, dist_lora_specs
 from te_verify.spec import PROJECTIONS
 from planted_wrappers import ddp_reducing_frozen_base, fsdp2_training_frozen_base
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from te_verify import compat
-from te_verify.distributed.pool import RankPool
+from te_verify.distributed.pool.pool import RankPool
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_dist import MIDDLE, _spec
+from te_verify.matrix.dist import MIDDLE, _spec
 from te_verify.spec import TEConfig
 from planted_engines import (megatron_ddp_gathering_frozen_after_step, megatron_ddp_reducing_frozen_grads,
                              megatron_ddp_with_main_grad_for_frozen, megatron_ddp_with_state_for_frozen)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from report_fixtures import FREEZE, FREEZE_X, PEFT_TE, REPLAY, results, row, write
 
-from te_verify.expectations import (
+from te_verify.expectations.entries import (
     ExpectationsError, covering, load_expectations, load_file, seen_in_rows, skip_entry, stale, stale_message,
 )
-from te_verify.expectations_update import update_from_results
+from te_verify.expectations.update import update_from_results
 
 LINK = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
 CPU = {"te_version": "absent: ModuleNotFoundError", "device": "cpu: x86_64"}

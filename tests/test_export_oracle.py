@@ -1,17 +1,19 @@
-"""The oracle read from a torch.export graph (te_verify.export_sites): equal to the fx oracle wherever both trace, and
+"""The oracle read from a torch.export graph (te_verify.oracle.export): equal to the fx oracle wherever both trace, and
 on the library-model families (transformers + peft, LitGPT), whose sites fx cannot read."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from te_verify.export_sites import ExportGraphError, export_sites
-from te_verify.graph_sites import _Tracer, fx_sites, linear_weights, mark_site
-from te_verify.matrix_dist import dist_lora_specs
-from te_verify.matrix_models import lora_specs, real_model_spec, stage_specs
-from te_verify.matrix_te import te_lora_specs
+from te_verify.oracle.export import ExportGraphError, export_sites
+from te_verify.models.marks import mark_site
+from te_verify.oracle.graph import _Tracer, fx_sites
+from te_verify.oracle.sites import linear_weights
+from te_verify.matrix.dist import dist_lora_specs
+from te_verify.matrix.models import lora_specs, real_model_spec, stage_specs
+from te_verify.matrix.te import te_lora_specs
 from te_verify.models import CPU, frozen_at_backward, make_inputs
-from te_verify.oracle import backward_gemms, required_saved, sites
+from te_verify.oracle.required import backward_gemms, required_saved, sites
 from te_verify.spec import CaseSpec
 
 # Every spec of our own Llama family (fx traces it); the library models' only export.

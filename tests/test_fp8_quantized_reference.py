@@ -4,16 +4,16 @@ Linear lands within accumulation noise of it, where fp32 eager is a quantization
 TE's bias epilogue (an fp32 bias rounded to bf16 for an FP8 GEMM), and the bound sees the reference without it."""
 import pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.fp8_tolerance import fp8_bound
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.tolerances import tolerance_for
-from te_verify.reference.functional import ops_bias_epilogue
-from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.te.reference.functional import ops_bias_epilogue
+from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te_case import output_reference, quantized_truth
+from te_verify.run.te_case import output_reference, quantized_truth
 
 RECIPES = [("delayed", "E4M3"), ("current", "E4M3"), ("delayed", "HYBRID"), ("current", "HYBRID")]
 

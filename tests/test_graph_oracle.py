@@ -1,14 +1,14 @@
-"""The graph oracle (te_verify.graph_sites) against the stack rule, and on the Llama family's structure."""
+"""The graph oracle (te_verify.oracle.graph) against the stack rule, and on the Llama family's structure."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from te_verify.graph_sites import graph_sites
-from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import LORA_TARGETS, model_spec
+from te_verify.oracle.graph import graph_sites
+from te_verify.matrix.stacks import FAMILIES
+from te_verify.matrix.models import LORA_TARGETS, model_spec
 from te_verify.models import CPU, build_model, freeze, make_inputs
-from te_verify.oracle import backward_gemms, required_saved, sites
+from te_verify.oracle.required import backward_gemms, required_saved, sites
 from te_verify.spec import CaseSpec, ModelConfig, SpecError
 
 STACK_SPECS = [s for family in FAMILIES.values() for s in family("pr")]

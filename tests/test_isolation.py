@@ -1,4 +1,4 @@
-"""What te_verify.isolation cuts between cases, each shown by a case whose result depended on what ran before it.
+"""What te_verify.run.isolation cuts between cases, each shown by a case whose result depended on what ran before it.
 
 - inductor's AOTAutograd cache: a warm-up replay, then the plain replay of the same graph, in one process with an
   empty cache dir. With the cache on, the second case loaded the first's backward, compiled with donated buffers at
@@ -15,14 +15,14 @@ import sys
 import pytest
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.torch_compile import TorchCompileBackend
-from te_verify.isolation import fresh_case
-from te_verify.matrix import FAMILIES
-from te_verify.matrix_te import FAMILIES as TE_FAMILIES
-from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.runner import run_case
+from te_verify.run.isolation import fresh_case
+from te_verify.matrix.stacks import FAMILIES
+from te_verify.matrix.te import FAMILIES as TE_FAMILIES
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.run.runner import run_case
 
 REPLAYED = "lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in8-fp32-r2"
 

@@ -1,4 +1,4 @@
-"""Known gaps judged check by check (te_verify.known_gaps): a gap blinds only its own checks.
+"""Known gaps judged check by check (te_verify.expectations.judge): a gap blinds only its own checks.
 
 Unit tests of `judge`, then the real plugin on planted backends: a recorded gap stays a known gap while only its
 check fails, and a second fault beside it fails the case naming the second check.
@@ -11,8 +11,8 @@ from pathlib import Path
 from test_plugin import run_pytest
 
 from te_verify.checks.verdict import Verdict
-from te_verify.expectations import Expectation, load_file
-from te_verify.known_gaps import GAP_PASSED, KNOWN_GAP, PASSED, FAILED, check_results, judge
+from te_verify.expectations.entries import Expectation, load_file
+from te_verify.expectations.judge import GAP_PASSED, KNOWN_GAP, PASSED, FAILED, check_results, judge
 
 LINK = "https://github.com/NVIDIA/TransformerEngine/pull/1770"
 

@@ -12,13 +12,13 @@ import torch
 
 from planted_backends import (GradInOtherDtype, GrowingCache, OutputInOtherDtype, UnfreezesAfterForward, WritesCotangent,
                               WritesInput)
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te_case import verify_te_stack
+from te_verify.run.te_case import verify_te_stack
 
 ALT = (True, False, True, False)
 SPEC = CaseSpec("freeze", (32, 64, 128, 64, 32), ALT, ALT, True, (4, 6), "fp32", 1)

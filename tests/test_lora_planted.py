@@ -5,8 +5,8 @@ import pytest
 
 from planted_lora import PlantedLoRA
 from te_verify.backends.eager import EagerBackend
-from te_verify.caserun import CaseRun
-from te_verify.matrix_models import model_spec
+from te_verify.run.caserun import CaseRun
+from te_verify.matrix.models import model_spec
 from te_verify.spec import ModelConfig
 
 # One block, adapters on q and v, the input needs grad (so the bases' dgrad runs).

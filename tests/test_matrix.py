@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import find, settings
 
-from te_verify.matrix import FAMILIES, TIERS, TierError, all_masks, case_specs, freeze_specs
+from te_verify.matrix.stacks import FAMILIES, case_specs, freeze_specs
+from te_verify.matrix.tiers import TIERS, TierError, all_masks
 from te_verify.spec import CaseSpec, SpecError
 
 PR = [s for gen in FAMILIES.values() for s in gen("pr")]

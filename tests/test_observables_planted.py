@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from planted_backends import WritesFrozenBias, WrongOutput
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.probes import default_probes
-from te_verify.reference import linear as ref_linear
-from te_verify.reference import wgrad as wg
-from te_verify.reference.microbatch import run_mean_reduced, run_microbatches
+from te_verify.te.reference import linear as ref_linear
+from te_verify.te.reference import wgrad as wg
+from te_verify.run.microbatch import run_mean_reduced, run_microbatches
 from te_verify.spec import CaseSpec, TEConfig
 
 ALT = (True, False, True, False)

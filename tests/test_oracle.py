@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from te_verify.oracle import (input_needs_grad, required_bias_grads, required_flops, required_gemms, required_peak,
-                              required_saved, sites)
+from te_verify.oracle.required import input_needs_grad, required_bias_grads, required_flops, required_gemms, required_peak, required_saved, sites
 from te_verify.spec import CaseSpec, TEConfig
 
 MM = 2 * 32 * 64 * 64  # one 32x64x64 GEMM

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
-from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
+from te_verify.matrix.stacks import FAMILIES
+from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 

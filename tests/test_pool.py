@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from te_verify.distributed.pool import RankFailure, RankPool, process_gone
+from te_verify.distributed.pool.pool import RankFailure, RankPool, process_gone
 from te_verify.distributed.verify import verify_dist
-from te_verify.matrix_dist import MIDDLE, _spec
+from te_verify.matrix.dist import MIDDLE, _spec
 from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_params, ddp_extra_gemm,
                               ddp_skipping_first_weight, ddp_wrong_output, ddp_writing_frozen_weight,
                               ddp_keeping_every_output, ddp_unfreezing_after_backward,

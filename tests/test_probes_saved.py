@@ -6,10 +6,10 @@ import torch
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.registry import resolve_backend
-from te_verify.oracle import graph_exists
+from te_verify.oracle.required import graph_exists
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.saved import SavedTensorsProbe
-from te_verify.runner import run_case
+from te_verify.run.runner import run_case
 from te_verify.spec import CaseSpec
 
 

@@ -1,4 +1,4 @@
-"""A case leaves the process as it found it (issue 25, point 3): te_verify.process_state's snapshot, comparison and
+"""A case leaves the process as it found it (issue 25, point 3): te_verify.run.process_state's snapshot, comparison and
 restore of each setting; the `process_state` check on planted backends (tests/planted_leaks.py), each leaving one
 setting changed after its case: the culprit fails naming what it left, only that, and the next case in the process
 has exactly the verdicts it has alone; a backend that changes settings inside its forward and puts them back passes;
@@ -16,23 +16,24 @@ from planted_leaks import (LeavesAutocastEntered, LeavesDefaultDtypeFloat64, Lea
                            LeavesFP8AutocastEntered, LeavesGradModeOff, LeavesMatmulPrecisionHigh,
                            LeavesMatmulPrecisionMedium, LeavesOneThread)
 from test_plugin import run_pytest
-from te_verify import process_state, te_api
+from te_verify.run import process_state
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.torch_compile import TorchCompileBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.leftovers import process_state as process_state_check
 from te_verify.checks.verdict import CheckFailures, Verdict
 from te_verify.record import Record
-from te_verify.reference.recipe import DelayedScaling
+from te_verify.te.reference.recipe import DelayedScaling
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te_case import verify_te_stack
+from te_verify.run.te_case import verify_te_stack
 
-import te_verify.reference.autocast  # noqa: F401 -- loaded, so its FP8 state is in every snapshot
+import te_verify.te.reference.autocast  # noqa: F401 -- loaded, so its FP8 state is in every snapshot
 
 SPEC = CaseSpec("freeze", (32, 64, 32), (False, True), (False, True), True, (8,), "fp32", 1)
 TE_SPEC = CaseSpec("te_peft", (32, 64, 32), (False, True), (False, True), True, (16,), te=TEConfig(recipe="delayed"))
-REFERENCE_FP8 = sys.modules["te_verify.reference.autocast"]
+REFERENCE_FP8 = sys.modules["te_verify.te.reference.autocast"]
 THREADS = torch.get_num_threads()
 
 
@@ -83,9 +84,9 @@ LEAKS = {
     "torch.nn.functional": (_replace_linear, ["left torch.nn.functional.linear replaced by "
                                               "test_process_state._replace_linear.<locals>.<lambda>"]),
     "FP8 autocast state": (_reference_fp8_left_entered,
-                           ["left FP8 autocast state: te_verify.reference autocast depth 1 (was 0), "
-                            "te_verify.reference FP8 enabled True (was False), "
-                            f"te_verify.reference recipe {DelayedScaling()} (was None)"]),
+                           ["left FP8 autocast state: te_verify.te.reference autocast depth 1 (was 0), "
+                            "te_verify.te.reference FP8 enabled True (was False), "
+                            f"te_verify.te.reference recipe {DelayedScaling()} (was None)"]),
 }
 
 

@@ -8,10 +8,10 @@ import torch
 
 from planted_real_models import DiscardedBaseWgrad
 from te_verify.backends.eager import EagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.compat import APPLIED
 from te_verify.compat import transformers_output_capture as capture
-from te_verify.matrix_models import hf_peft_specs, litgpt_lora_specs, real_model_spec
+from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, real_model_spec
 from te_verify.models import CPU, build_model, make_inputs
 from te_verify.spec import CaseSpec, ModelConfig, SpecError
 

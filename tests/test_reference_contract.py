@@ -1,13 +1,13 @@
 """The contract table as data, TE's observed GroupedLinear row, and the grouped modules' numerics."""
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
-from te_verify.reference import GroupedLinear, contract, grouped
-from te_verify.reference.microbatch import run_microbatches
+from te_verify.te.reference import GroupedLinear, contract, grouped
+from te_verify.run.microbatch import run_microbatches
 from te_verify.spec import CaseSpec, TEConfig
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from te_verify.reference import DelayedScaling, Float8CurrentScaling, Format
-from te_verify.reference.fp8 import FP8_MAX, TensorScaler, assert_fp8_dims, dequantize, quantize, scale_from_amax
+from te_verify.te.reference import DelayedScaling, Float8CurrentScaling, Format
+from te_verify.te.reference.fp8 import FP8_MAX, TensorScaler, assert_fp8_dims, dequantize, quantize, scale_from_amax
 
 DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from report_fixtures import FREEZE, results, row
 
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.report.repro import case_check, pytest_command, repro_filename, write_repros
 from te_verify.spec import CaseSpec, DistConfig
 

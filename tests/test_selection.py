@@ -1,4 +1,4 @@
-"""The pr tier chosen by pairwise cover (te_verify.selection): every pair of factor values of each family x backend
+"""The pr tier chosen by pairwise cover (te_verify.matrix.selection): every pair of factor values of each family x backend
 is covered, the cases left out run in nightly, the choice is deterministic, and the cost weighs it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from te_verify.report.summary import selection_lines
-from te_verify.selection import choose, factors, mask_class, required_pairs, select_pr
+from te_verify.matrix.selection import choose, factors, mask_class, required_pairs, select_pr
 from te_verify.spec import CaseSpec
 
 CASES = Path(__file__).resolve().parents[1] / "cases"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from te_verify.shard import ShardError, parse_shard, shard_of
+from te_verify.matrix.shard import ShardError, parse_shard, shard_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = (1, 2, 3)

@@ -11,16 +11,16 @@ import pytest
 from planted_te_gemms import patched
 from test_plugin import run_pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.fp8_copies import fp8_copies
 from te_verify.checks.te_family import te_family_gemms
 from te_verify.checks.te_waste import gemm_work
-from te_verify.matrix_te import _lora
+from te_verify.matrix.te import _lora
 from te_verify.probes import default_probes
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
-from te_verify.reference.microbatch import run_mean_reduced
-from te_verify.runner import run_case
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.run.runner import run_case
 from te_verify.spec import CaseSpec, TEConfig
 
 ALT = (True, False, True, False)

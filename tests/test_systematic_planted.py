@@ -12,13 +12,13 @@ from planted_accumulation import Fp64Inside, OtherAccumulation
 from planted_backends import LeansOnePercent, OffByOnePercent
 from planted_te_wgrad import gradient_gemm_off_by
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
-from te_verify.matrix import FAMILIES
-from te_verify.matrix_models import litgpt_lora_specs
-from te_verify.matrix_te import NON_SQUARE4, _lora, fp8_specs
+from te_verify.matrix.stacks import FAMILIES
+from te_verify.matrix.models import litgpt_lora_specs
+from te_verify.matrix.te import NON_SQUARE4, _lora, fp8_specs
 from te_verify.spec import CaseSpec, TEConfig
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
@@ -104,7 +104,7 @@ def test_an_fp8_wgrad_one_percent_large_fails_grad_scale_against_the_quantized_t
     assert clean["grad_parity"].ok and clean["grad_scale"].ok
     assert clean["grad_scale"].figures["grad_scale_gradients"] >= 4
     message = te_checks(FP8_STACK, "wgrad")["grad_scale"].message
-    assert "te_verify.reference on the same FP8 operands" in message
+    assert "te_verify.te.reference on the same FP8 operands" in message
     for weight in ("0.weight", "1.weight", "2.weight", "3.weight"):
         assert f"grad of {weight} leans 1.0" in message, message
 

@@ -4,8 +4,8 @@ import sys
 import pytest
 import torch
 
-from te_verify import te_api
-from te_verify.tecpu import te_import
+from te_verify.te import api as te_api
+from te_verify.te.tecpu import te_import
 
 NO_CUDA = not torch.cuda.is_available()
 

@@ -5,13 +5,13 @@ import types
 
 import pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import Tolerance, tolerance_for
-from te_verify.reference import linear as ref_linear
-from te_verify.reference.microbatch import run_microbatches
+from te_verify.te.reference import linear as ref_linear
+from te_verify.run.microbatch import run_microbatches
 from te_verify.spec import CaseSpec, TEConfig
 
 BITWISE = Tolerance(0.0, 0.0, "same runtime")

@@ -2,8 +2,8 @@
 (TE issue 3437) loses the first contribution, and the comparison shows it."""
 import torch
 
-from te_verify.reference import Linear
-from te_verify.reference.linear import Linear as RefLinear
+from te_verify.te.reference import Linear
+from te_verify.te.reference.linear import Linear as RefLinear
 
 
 class Overwriting(RefLinear):

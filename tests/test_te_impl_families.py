@@ -1,5 +1,5 @@
 """`--te-impl package.module` (a user's TE build) serves every TE family, or skips a case naming the API it lacks;
-never a harness error. te_verify.reference named as a module path (a pure-PyTorch build with the whole API, judged
+never a harness error. te_verify.te.reference named as a module path (a pure-PyTorch build with the whole API, judged
 from aten's GEMMs and autograd's saved tensors like any user's build) passes the smoke tier of every family;
 tests/minimal_te_build.py (README's minimum) runs what its API serves and skips the rest naming what is missing.
 Beneath a user's build the LoRA family's frozen TE bases are judged from aten's GEMMs: a discarded wgrad is named."""
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from planted_te_lora import WastedBaseWgradTE
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_family import te_family_gemms
-from te_verify.matrix_te import _lora
+from te_verify.matrix.te import _lora
 from te_verify.probes import default_probes
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
-from te_verify.runner import run_case
+from te_verify.run.runner import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("te_fp8", "te_peft", "te_replay", "te_contract", "te_delayed", "te_moe", "te_lora")
@@ -46,7 +46,7 @@ def _by_family(rows: list[dict], outcome: str) -> dict[str, list[dict]]:
 
 
 def test_reference_as_a_users_module_passes_every_family(tmp_path):
-    done, rows = _run_families(tmp_path, "te_verify.reference", "smoke")
+    done, rows = _run_families(tmp_path, "te_verify.te.reference", "smoke")
     assert done.returncode == 0, done.stdout[-3000:]
     bad = [(r["nodeid"], r.get("reason")) for r in rows if r["outcome"] not in ("passed", "skipped")]
     assert not bad, bad

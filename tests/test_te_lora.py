@@ -3,16 +3,16 @@ passes every check of cases/test_te_lora.py; a planted wgrad GEMM for a frozen T
 (gradients still match eager), is caught by the GEMM check with a message naming the base site."""
 import pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.te_family import te_family_gemms, te_family_waste
 from te_verify.checks.tolerances import derived_tolerance
-from te_verify.matrix_te import _lora
+from te_verify.matrix.te import _lora
 from te_verify.probes import default_probes
 from te_verify.probes.tex_gemm import AtenGemmOutsideTex
-from te_verify.runner import run_case, run_fp64_eager
+from te_verify.run.runner import run_case, run_fp64_eager
 from planted_te_lora import WastedBaseWgradTE
 
 SPEC = _lora("qv", True, "fp32")

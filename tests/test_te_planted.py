@@ -3,7 +3,7 @@ message naming the layer, a planted fix passes the same checks, and the referenc
 caught. Each known gap shown here is also a recorded expectation (expectations/*.toml)."""
 import pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.thunder_te import ThunderTEBackend
@@ -15,7 +15,7 @@ from te_verify.checks.replay import replay_semantics
 from te_verify.checks.te_waste import gemm_work
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.probes import default_probes
-from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
 from planted_thunder_te import FixedThunderTE
 
@@ -86,5 +86,5 @@ def test_an_unemulated_tex_call_makes_its_case_error_naming_the_function_and_tes
                       "-k", "freeze1010", "-W", "ignore")
     out = proc.stdout
     assert proc.returncode == 1 and " 1 failed" in out and "passed" not in out.splitlines()[-1], out[-2000:]
-    assert "Unemulated: transformer_engine_torch.layernorm_fwd is not emulated on CPU (te_verify.tecpu)" in out
+    assert "Unemulated: transformer_engine_torch.layernorm_fwd is not emulated on CPU (te_verify.te.tecpu)" in out
     assert "called from transformer_engine/pytorch/module/_common.py:" in out and "in apply_normalization" in out

@@ -6,17 +6,17 @@ import types
 import pytest
 import torch
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_waste import saved_bytes, te_waste
 from te_verify.checks.tolerances import tolerance_for
-from te_verify.oracle import required_saved
+from te_verify.oracle.required import required_saved
 from te_verify.probes.saved import SavedTensorsProbe
-from te_verify.reference import linear as ref_linear
-from te_verify.reference.functional import linear_forward
+from te_verify.te.reference import linear as ref_linear
+from te_verify.te.reference.functional import linear_forward
 from te_verify.probes import default_probes
 from te_verify.probes.flops import GemmProbe
-from te_verify.reference.microbatch import run_mean_reduced
+from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, SpecError, TEConfig
 
 ALT = (True, False, True, False)
@@ -107,9 +107,9 @@ def test_hybrid_format_field_id_and_tolerance():
 
 
 def test_reference_hybrid_quantizes_gradients_in_e5m2():
-    from te_verify.reference import Format
-    from te_verify.reference.functional import LayerState
-    from te_verify.reference.recipe import DelayedScaling
+    from te_verify.te.reference import Format
+    from te_verify.te.reference.functional import LayerState
+    from te_verify.te.reference.recipe import DelayedScaling
 
     state, recipe = LayerState("0"), DelayedScaling(fp8_format=Format.HYBRID)
     assert state.scaler("input", recipe, torch.device("cpu")).dtype == torch.float8_e4m3fn

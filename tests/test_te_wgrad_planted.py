@@ -4,7 +4,7 @@ its backward, FP8 cases and known-gap cases included, naming each trained weight
 TE's own build end as the suite records them (passed, or exactly their known gaps).
 
 The cases run through their own case functions (cases/test_te_*.py) on TE's Python over the tex emulation and are
-judged as the plugin judges them: their verdicts against the expectations covering them (te_verify.known_gaps).
+judged as the plugin judges them: their verdicts against the expectations covering them (te_verify.expectations.judge).
 Excluded, each for the reason EXCLUDED gives: LoRA over TE (its TE Linears are the adapters' frozen bases: no TE
 wgrad), GroupedLinear and te.ops kinds (not TE's Linear), no trainable weight, FP8 widths TE refuses at forward, and
 delayed wgrad beside a frozen weight (backward_dw raises: backward never completes, a recorded gap).
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
-from te_verify.expectations import covering, current_env, load_expectations
-from te_verify.known_gaps import Judgement, check_results, judge
+from te_verify.expectations.entries import covering, current_env, load_expectations
+from te_verify.expectations.judge import Judgement, check_results, judge
 from te_verify.models import frozen_at_backward
-from te_verify.selection import select_pr
+from te_verify.matrix.selection import select_pr
 from te_verify.spec import CaseSpec
 from planted_te_wgrad import wgrad_off_by
 

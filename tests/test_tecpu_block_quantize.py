@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from planted_block_quantizers import PLANTED
-from te_verify.tecpu import block_fp8, block_scales, mxfp8, nvfp4
+from te_verify.te.tecpu import block_fp8, block_scales, mxfp8, nvfp4
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 NAN, INF = float("nan"), float("inf")

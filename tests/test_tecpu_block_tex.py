@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import block_recipe_e2e as e2e
-from te_verify import process_state, te_api, tecpu
+from te_verify.run import process_state
+from te_verify.te import api as te_api
+from te_verify.te import tecpu
 from te_verify.probes.fp8_scaling import Fp8ScalingObserver
 from te_verify.spec import CaseSpec, SpecError, TEConfig
 

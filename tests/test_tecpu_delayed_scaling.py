@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from te_verify import tecpu
+from te_verify.te import tecpu
 
 FLT_MAX = torch.finfo(torch.float32).max
 INF, NAN = float("inf"), float("nan")

@@ -1,5 +1,5 @@
 """Per-tensor FP8 quantization through TE's own quantizers (Float8Quantizer, Float8CurrentScalingQuantizer) over
-the tex emulation: bytes identical to te_verify.fp8.quantize and to torch's float8 casts (saturating to the
+the tex emulation: bytes identical to te_verify.te.fp8.quantize and to torch's float8 casts (saturating to the
 largest finite value out of range), delayed scaling's amax update, current scaling's scale rule
 (common/recipe/recipe_common.cuh compute_scale_from_amax, called by nvte_compute_scale_from_amax with
 value_for_inf = FLT_MAX in current_scaling.cu) and the tex.dequantize round trip."""
@@ -10,8 +10,9 @@ import types
 import pytest
 import torch
 
-from te_verify import fp8, tecpu
-from te_verify.tecpu import quantize as tq
+from te_verify.te import fp8
+from te_verify.te import tecpu
+from te_verify.te.tecpu import quantize as tq
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 DTYPES = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]
@@ -96,7 +97,7 @@ def test_special_values_round_and_saturate(te, dtype: torch.dtype) -> None:
                  f"-max, negative overflow and -inf saturate to -{m} ({dtype})")
     values = qx.dequantize(dtype=torch.float32)
     assert torch.isfinite(values).all(), f"saturating cast produced NaN/inf ({dtype}): {values[0].tolist()}"
-    assert_bytes(qx._data, as_bytes(x, 1.0, dtype), f"specials vs te_verify.fp8.quantize ({dtype})")
+    assert_bytes(qx._data, as_bytes(x, 1.0, dtype), f"specials vs te_verify.te.fp8.quantize ({dtype})")
 
 
 def test_transpose_of_3d_input_puts_last_dim_first(te) -> None:

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from te_verify import tecpu
+from te_verify.te import tecpu
 
 LAYOUTS = ["TN", "NN", "NT"]
 

@@ -9,9 +9,9 @@ import types
 import pytest
 import torch
 
-from te_verify import tecpu
+from te_verify.te import tecpu
 from te_verify.probes.tex_gemm import attribute, layer_of
-from te_verify.tecpu.record import TexGemm, TexRecorder, root_key
+from te_verify.te.tecpu.record import TexGemm, TexRecorder, root_key
 
 TOKENS, DIMS, FROZEN = 32, [16, 32, 48, 64], 1  # layer i: DIMS[i] -> DIMS[i + 1]
 

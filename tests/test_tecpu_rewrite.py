@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from te_verify.tecpu import rewrite, surface, te_import
+from te_verify.te.tecpu import rewrite, surface, te_import
 
 FILE = "transformer_engine/pytorch/fake.py"
 

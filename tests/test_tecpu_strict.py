@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_verify import tecpu
+from te_verify.te import tecpu
 
 SURFACE = Path(tecpu.__file__).parent / "surfaces" / "tex_2.20.2.json"
 CALL_SITE = re.compile(r"called from (transformer_engine/pytorch/[\w/]+\.py):(\d+) in \w+")

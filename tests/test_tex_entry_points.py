@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from te_verify.checks.te_waste import gemm_work
-from te_verify.matrix_te import peft_specs
+from te_verify.matrix.te import peft_specs
 from te_verify.record import Record
-from te_verify.tecpu import record as tex_record
-from te_verify.tecpu.record import TEX_MODULE, TexRecorder
+from te_verify.te.tecpu import record as tex_record
+from te_verify.te.tecpu.record import TEX_MODULE, TexRecorder
 
 MEASURED = {"generic_gemm", "te_general_grouped_gemm", "quantize", "split_quantize", "bgrad_quantize", "dequantize"}
 # Entry points that run no GEMM and make no quantized copy a GEMM reads, or serve recipes outside the matrix.
@@ -26,7 +26,7 @@ NOT_GEMM = {"group_dequantize", "create_empty_quantized_tensor", "get_grouped_ge
 
 
 def surface_functions(version: str) -> set[str]:
-    text = resources.files("te_verify.tecpu").joinpath(f"surfaces/tex_{version}.json").read_text()
+    text = resources.files("te_verify.te.tecpu").joinpath(f"surfaces/tex_{version}.json").read_text()
     return set(json.loads(text)["functions"])
 
 

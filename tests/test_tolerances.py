@@ -11,11 +11,11 @@ from planted_accumulation import OtherAccumulation
 from planted_backends import OffByOnePercent
 from test_plugin import run_pytest
 
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.parity import truth_problem
 from te_verify.checks.tolerances import truth_bound
 from te_verify.checks.verdict import CheckFailures
-from te_verify.matrix import FAMILIES
+from te_verify.matrix.stacks import FAMILIES
 
 BF16_3D = "lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in4x6-bf16-r1"  # the failing case (dtype family)
 SPECS = {s.id: s for family in ("dtype", "freeze") for s in FAMILIES[family]("pr")}

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from te_verify.distributed.__main__ import row, skipped_row
-from te_verify.distributed.pool import PoolResult
-from te_verify.matrix_dist import ddp_specs
+from te_verify.distributed.pool.pool import PoolResult
+from te_verify.matrix.dist import ddp_specs
 from te_verify.report.stream import STREAM, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]

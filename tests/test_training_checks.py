@@ -13,10 +13,11 @@ from te_verify.checks.collectives import ParamInfo
 from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.compat.cuda_stand_in import CudaPathError, confine
-from te_verify.distributed.observe import CollectiveCounter
-from te_verify.distributed.training import StateBytes, eager_trajectory
+from te_verify.distributed.rank.observe import CollectiveCounter
+from te_verify.distributed.rank.training import eager_trajectory
+from te_verify.training import StateBytes
 from te_verify.training import LR
-from te_verify.matrix_dist import MIDDLE, _spec
+from te_verify.matrix.dist import MIDDLE, _spec
 from te_verify.models import frozen_at_backward, make_inputs
 
 TOL = Tolerance(rtol=1.3e-6, atol=1e-5, source="test")

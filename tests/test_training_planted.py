@@ -4,15 +4,15 @@ is caught naming the iteration and the element (parameter or quantizer); each cl
 import pytest
 
 from planted_fp8_scaling import WrongFromThirdCall, history_never_updated, scale_times, stale_weight_copy
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
-from te_verify.caserun import CaseRun
+from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures
 from te_verify.spec import CaseSpec, TEConfig
 from te_verify.checks.parity import grad_parity
-from te_verify.reference.microbatch import run_microbatches
-from te_verify.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts, verify_te_stack
+from te_verify.run.microbatch import run_microbatches
+from te_verify.run.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts, verify_te_stack
 
 ALT = (True, False, True, False)
 STACK = CaseSpec("freeze", (32, 64, 128, 64, 32), ALT, ALT, True, (8,), "fp32", 1)

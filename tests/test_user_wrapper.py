@@ -15,7 +15,7 @@ import pytest
 from test_torchrun import run_one_node
 
 from te_verify.distributed.declare import DeclarationError, declared_wrapper
-from te_verify.matrix_dist import FAMILIES
+from te_verify.matrix.dist import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.user_wrapper:FlatAllReduceDP"

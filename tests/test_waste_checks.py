@@ -8,9 +8,9 @@ import pytest
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.waste import waste_verdicts
-from te_verify.matrix import FAMILIES
+from te_verify.matrix.stacks import FAMILIES
 from te_verify.probes import default_probes
-from te_verify.runner import run_case
+from te_verify.run.runner import run_case
 from te_verify.spec import CaseSpec
 from waste_planted import DiscardedRecompute, PlantedBackend, SplitK
 

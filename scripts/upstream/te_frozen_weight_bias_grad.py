@@ -22,7 +22,7 @@ def main() -> int:
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
     if args.cpu:
-        from te_verify.tecpu import boot  # the only te_verify use: what stands in for the CUDA extension
+        from te_verify.te.tecpu import boot  # the only te_verify use: what stands in for the CUDA extension
 
         boot()
     import transformer_engine.pytorch as te

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from te_verify import device as run_device
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.spec import CaseSpec, TEConfig
 
 
@@ -216,7 +216,7 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
 def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> torch.nn.Module:
     """Every LoRA adapter's base (a torch Linear; checks.te_family.te_sites names them in any family) replaced in
     place by a TE Linear of `api` holding its Parameters and named by the base's qualified name; returns `model`."""
-    from te_verify.checks.te_family import te_sites
+    from te_verify.oracle.required import te_sites
 
     te = spec.te or TEConfig()
     for label in te_sites(spec):

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from te_verify import device as run_device
-from te_verify import te_api
+from te_verify.te import api as te_api
 from te_verify.backends.te_eager import fp8_skip_reason
 from te_verify.spec import CaseSpec, TEConfig
 

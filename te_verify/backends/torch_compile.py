@@ -5,7 +5,7 @@ Shapes are static (`dynamic=False`), so automatic dynamic shapes never turn on b
 torch's default, dynamic=None, a second input shape through the same code recompiles with dynamic shapes, whose
 backward AOTAutograd compiles ahead of time with donated buffers: a later backward(retain_graph=True) raises);
 `torch_compile_dynamic` compiles with `dynamic=True` on purpose. Every case compiles from scratch: dynamo's state
-and the compile caches are cut before each case builds its model (te_verify.isolation).
+and the compile caches are cut before each case builds its model (te_verify.run.isolation).
 """
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ class TorchCompileBackend:
         self.dynamic = dynamic
         name = "torch_compile" if dynamo_backend == "aot_eager" else f"torch_compile_{dynamo_backend}"
         self.name = f"{name}_dynamic" if dynamic else name
+
+    @property
+    def allocates_outside_dispatch(self) -> bool:
+        """Inductor's compiled code allocates its buffers in C++ (empty_strided_cpu), which no dispatched op shows:
+        on CPU the peak tracker cannot see them (probes.memory; on CUDA the allocator does)."""
+        return self.dynamo_backend == "inductor"
 
     def available(self) -> tuple[bool, str]:
         if self.dynamo_backend not in torch._dynamo.list_backends(exclude_tags=()):

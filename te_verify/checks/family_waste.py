@@ -1,6 +1,6 @@
 """Minimal-work checks for model families (spec.model): the linear sites against the oracle, the rest against eager.
 
-- GEMMs and FLOPs: every linear site's GEMMs by pass and role equal the oracle's (te_verify.graph_sites);
+- GEMMs and FLOPs: every linear site's GEMMs by pass and role equal the oracle's (te_verify.oracle.graph);
   a surplus names the site. Batched GEMMs that touch no site (attention's q@k^T and p@v, where a backend
   decomposes scaled-dot-product attention; eager runs it as one fused kernel) are outside the rule: counted and
   reported per pass, not judged.
@@ -20,7 +20,7 @@ from typing import Any
 
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import flops_verdict, site_at
-from te_verify.oracle import graph_exists, required_saved, sites
+from te_verify.oracle.required import graph_exists, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 

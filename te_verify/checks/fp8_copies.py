@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from te_verify.checks.verdict import Verdict
-from te_verify.oracle import SCALE_INV_BYTES, fp8_copy_bytes, sites
+from te_verify.oracle.required import SCALE_INV_BYTES, fp8_copy_bytes, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 

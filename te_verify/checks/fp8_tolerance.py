@@ -4,7 +4,7 @@ TE's FP8 Linear computes dgrad = Q(dy) x Q(W) and wgrad = Q(dy)^T x Q(x), each o
 (E4M3, or E5M2 for dy under HYBRID; delayed scaling's amax history or the tensor's own amax) and the products
 accumulated in fp32. Against fp32 eager such gradients differ by the quantization itself (TE's own tests allow
 rtol 0.125, atol 0.0675), which hides a wgrad 5% off. Against a reference that quantizes the same operands with the
-same scales (te_case.output_reference: te_verify.reference's Linear carried through backward), only the order and
+same scales (te_case.output_reference: te_verify.te.reference's Linear carried through backward), only the order and
 precision of the accumulation differ. So, as for every other gradient (checks.tolerances.truth_bound, after PyTorch's
 SDPA tests and Higham ch. 3): the truth is that quantized reference in exact arithmetic (te_case.quantized_truth: the
 same quantization, fp64 everywhere else), and a backend's normwise error against it may be at most TRUTH_FACTOR

@@ -15,7 +15,7 @@
 - memory_retained: the second training iteration (forward, backward, optimizer step) grows live memory by nothing
   (probes.retention: eager's gradients are made and freed within it, SGD's momentum was made by the first step;
   first-use allocations belong to the first iteration).
-- process_state: the run left the process state as it found it (te_verify.process_state: grad mode, default dtype,
+- process_state: the run left the process state as it found it (te_verify.run.process_state: grad mode, default dtype,
   threads, matmul precision, autocast, TE's FP8 autocast state, ...; the runner restored it before anything else
   ran, so the runs after it are judged as if alone). What the reference's own run left is the harness's fault, not
   the backend's: the verdict does not fail for it but carries it in its figures (`reference_process_left`, on the
@@ -129,7 +129,7 @@ def process_state(case_id: str, backend: str, ref: Record, got: Record) -> Verdi
         figures["reference_process_left"] = list(ref.process_left)
     if got.process_left is None:
         return Verdict("process_state", False, f"[{case_id}] backend {backend}: process state not observed (the run "
-                                               "was not watched: te_verify.process_state.watched)", figures)
+                                               "was not watched: te_verify.run.process_state.watched)", figures)
     return _verdict("process_state", case_id, backend, got.process_left, figures)
 
 

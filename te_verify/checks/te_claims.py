@@ -6,7 +6,7 @@ as unclaimed, with thunder's own reason (its warning), never counted as a TE pas
 """
 from __future__ import annotations
 
-from te_verify.oracle import sites
+from te_verify.oracle.required import sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 

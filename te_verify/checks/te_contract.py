@@ -1,4 +1,4 @@
-"""The weight-gradient return contract (te_verify.reference.contract) checked on microbatch records.
+"""The weight-gradient return contract (te_verify.te.reference.contract) checked on microbatch records.
 
 For every trainable weight: backward's return, inferred from .grad, is the table's (wgrad / None / dummy);
 with main_grad the gradient lands there exactly once per microbatch (compared with the eager sum over the
@@ -13,7 +13,7 @@ from te_verify.checks.parity import compare_tensor
 from te_verify.checks.tolerances import Tolerance
 from te_verify.checks.verdict import Verdict
 from te_verify.record import Record
-from te_verify.reference import contract
+from te_verify.te.reference import contract
 from te_verify.spec import CaseSpec
 
 

@@ -20,23 +20,11 @@ from typing import Any
 
 from te_verify.checks.family_waste import outside_sites
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
-from te_verify.oracle import graph_exists, required_flops, sites
+from te_verify.oracle.required import graph_exists, required_flops, sites, te_sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
 ROLES = ("fprop", "dgrad", "wgrad")
-
-
-def te_sites(spec: CaseSpec) -> list[str]:
-    """Labels of the sites that are TE Linears: every adapter's base (model.te_base), in any family's naming: a
-    site "P.<name>" that is no adapter, beside adapters "P.lora_..." (ours "q.base" / "q.lora_a", peft's
-    "q_proj.base_layer" / "q_proj.lora_A.default", LitGPT's "qkv.linear" / "qkv.lora_A")."""
-    if spec.model is None or not spec.model.te_base:
-        return []
-    labels = [s.label for s in sites(spec)]
-    adapters = [label.lower() for label in labels if ".lora_" in label.lower()]
-    return [label for label in labels if ".lora_" not in label.lower()
-            and any(a.startswith(label.rsplit(".", 1)[0].lower() + ".lora_") for a in adapters)]
 
 
 def _why(role: str) -> str:

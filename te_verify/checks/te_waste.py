@@ -1,4 +1,4 @@
-"""Minimal work of the TE lane, against te_verify.oracle: per layer and role the FLOPs and operand bytes of exactly
+"""Minimal work of the TE lane, against te_verify.oracle.required: per layer and role the FLOPs and operand bytes of exactly
 the required GEMMs (fprop always; dgrad iff the layer's input needs a gradient; wgrad iff the weight is trainable;
 per backward pass), however many GEMMs spent them (split-K), the saved-for-backward bytes, and which FP8 copies
 were kept. Pure functions of records.
@@ -18,7 +18,7 @@ from typing import Any
 from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
-from te_verify.oracle import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
+from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 

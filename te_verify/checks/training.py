@@ -21,7 +21,7 @@ from te_verify.checks.collectives import ParamInfo, explain_surplus
 from te_verify.checks.parity import compare_tensor, truth_problem
 from te_verify.checks.tolerances import Tolerance, TruthBound
 from te_verify.checks.verdict import Verdict
-from te_verify.distributed.training import StateBytes
+from te_verify.training import StateBytes
 
 # Where each category's room is made: what the message names as the phase.
 MADE_IN = {"optimizer_state": "step (the optimizer's first step makes its state)", "master": "wrap",

@@ -18,7 +18,8 @@ TE_EXECUTOR_IMPL = "thunder.executors.transformer_engineex_impl"
 
 def import_thunder() -> ModuleType:
     """thunder, importable and with its TE executor usable on the emulated device; ImportError with the cause."""
-    from te_verify import te_api, tecpu
+    from te_verify.te import api as te_api
+    from te_verify.te import tecpu
 
     thunder_named_tensors.apply()
     try:

@@ -24,15 +24,15 @@ import torch.distributed as dist
 
 from te_verify import device as run_device
 from te_verify import environment
-from te_verify.distributed.case_runner import DistCase, run_dist_case
+from te_verify.distributed.rank.case_runner import DistCase, run_dist_case
 from te_verify.distributed.declare import DeclarationError, DeclaredWrapper, declared_wrapper, load_object
-from te_verify.distributed.wrappers import WrapperError
-from te_verify.expectations import ExpectationsError, covering, load_expectations, mark_reason, skip_entry
-from te_verify.known_gaps import check_results, judge
-from te_verify.distributed.pool import PoolResult, backend_for
+from te_verify.distributed.types import WrapperError
+from te_verify.expectations.entries import ExpectationsError, covering, load_expectations, mark_reason, skip_entry
+from te_verify.expectations.judge import check_results, judge
+from te_verify.distributed.pool.pool import PoolResult, backend_for
 from te_verify.distributed.verify import dist_verdicts, rank_peaks
-from te_verify.matrix_dist import FAMILIES as WRAPPER_FAMILIES
-from te_verify.matrix_engines import FAMILIES as ENGINE_FAMILIES
+from te_verify.matrix.dist import FAMILIES as WRAPPER_FAMILIES
+from te_verify.matrix.engines import FAMILIES as ENGINE_FAMILIES
 from te_verify.report.stream import RowStream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def _row(spec, outcome: str, reason: str, duration: float, figures: dict) -> dic
 
 def row(spec, result: PoolResult, duration: float, entries: list | None = None) -> dict:
     """The case's row from every rank's outcome, judged check by check against its known gaps as the plugin judges
-    (te_verify.known_gaps); a failure names each rank that failed and how."""
+    (te_verify.expectations.judge); a failure names each rank that failed and how."""
     verdicts = dist_verdicts(spec, result)
     figures = {**rank_peaks(result), **{k: v for verdict in verdicts for k, v in verdict.figures.items()}}
     judgement = judge(entries or [], check_results(verdicts))
@@ -184,7 +184,8 @@ def exit_code(rows: list[dict]) -> int:
 def run_header(args: argparse.Namespace, started: str, places: list[str], specs: list) -> dict:
     """The report header of this torchrun job (streamed first; `finished` and the compatibility steps the ranks
     applied are added at the end)."""
-    from te_verify import compat, te_api
+    from te_verify import compat
+    from te_verify.te import api as te_api
 
     te_impl = {"name": "-", "why": "these cases use torch.nn.Linear"}
     if any(spec.te is not None for spec in specs):  # TE's Linear under an engine (matrix_engines.te_megatron_specs)

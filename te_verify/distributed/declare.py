@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from te_verify import spec as spec_module
-from te_verify.matrix import dedupe
+from te_verify.matrix.tiers import dedupe
 from te_verify.objects import ObjectPathError, load_path
 from te_verify.spec import CaseSpec, DistConfig
 
@@ -75,7 +75,7 @@ class DeclaredWrapper:
 
 
 def _families() -> tuple[str, ...]:
-    from te_verify.matrix_dist import FAMILIES
+    from te_verify.matrix.dist import FAMILIES
 
     return tuple(FAMILIES)
 

@@ -17,19 +17,19 @@ from te_verify.checks.verdict import Verdict, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
 from te_verify.distributed.declare import REGISTERED
-from te_verify.distributed.case_runner import DistCase, RankOutcome, run_dist_case
+from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
-from te_verify.distributed.fairscale_compat import STEP as FAIRSCALE_STEP
-from te_verify.distributed.training import StateBytes, eager_trajectory, microbatches
-from te_verify.distributed.pool import PoolResult, RankPool
-from te_verify.distributed.wrappers import units_of
+from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
+from te_verify.distributed.rank.training import eager_trajectory, microbatches
+from te_verify.training import StateBytes
+from te_verify.distributed.pool.pool import PoolResult, RankPool
+from te_verify.distributed.types import units_of
 from te_verify.models import CPU, build_model, frozen_at_backward
-from te_verify.oracle import (BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad,
-                              required_flops, trainable_masks)
+from te_verify.oracle.required import BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad, required_flops, trainable_masks
 from te_verify.probes import default_probes
 from te_verify.record import INPUT_GRAD, Record
-from te_verify.runner import run_case, run_fp64_eager
+from te_verify.run.runner import run_case, run_fp64_eager
 from te_verify.spec import CaseSpec
 
 RESHARD_DEFAULTS = {"fsdp2": True, "fairscale_fsdp": True, "thunder_fsdp": True}
@@ -143,7 +143,7 @@ SHARDED = ("fsdp", "fsdp2", "fairscale_fsdp", "thunder_fsdp")
 
 
 def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Record]], label) -> list[Verdict]:
-    """A model family's ranks: the linear sites' GEMMs against the oracle of the shard (te_verify.graph_sites),
+    """A model family's ranks: the linear sites' GEMMs against the oracle of the shard (te_verify.oracle.graph),
     attention's batched GEMMs outside the rule (counted, not judged), as checks.family_waste does on the torch lane.
 
     Unsharded wrappers (ddp, thunder_ddp) are judged per site and role. A sharded wrapper's backward multiplies

@@ -31,7 +31,7 @@ TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "fc_1": "
 def _import_hf() -> tuple[ModuleType, ModuleType]:
     """transformers and peft, importable: peft imports TE whenever its package is installed, which without CUDA
     works only over the tex emulation (as for thunder)."""
-    from te_verify import te_api
+    from te_verify.te import api as te_api
 
     te_api.ensure_te_importable()
     import peft

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from te_verify.graph_sites import mark_site
+from te_verify.models.marks import mark_site
 from te_verify.models import stages
 from te_verify.models.seeded import CPU, TORCH_DTYPES, family_inputs, seeded_model
 from te_verify.spec import CaseSpec, ModelConfig

@@ -23,7 +23,7 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
 
     if backend_name not in TE_BACKENDS:
         return [GemmProbe(follow_copies=follow_copies), SavedTensorsProbe(), PeakMemoryProbe()]
-    from te_verify import te_api
+    from te_verify.te import api as te_api
     from te_verify.probes.warnings import WarningsProbe
 
     impl = te_api.active()
@@ -34,7 +34,7 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
     # An FP8 --te-impl multiplies rounded copies: follow copies back to the weights and activations they came from.
     probes = [GemmProbe(follow_copies=True), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
     if impl.kind == te_api.REFERENCE:
-        from te_verify.reference.gemm_probe import GemmProbe as ReferenceGemmProbe
+        from te_verify.te.reference.gemm_probe import GemmProbe as ReferenceGemmProbe
 
         probes.append(ReferenceGemmProbe())
     return probes

@@ -42,7 +42,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from te_verify.probes.conv_gemms import CONV_OPS, conv_gemms
-from te_verify.tecpu.record import byte_span
+from te_verify.te.tecpu.record import byte_span
 
 aten = torch.ops.aten
 # Every GEMM-family aten op, with the positions of its two operands. Keyed by overload packet, so every overload

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from te_verify.graph_sites import linear_weights
+from te_verify.oracle.sites import linear_weights
 from te_verify.probes import dispatch
 from te_verify.probes.dispatch import LayerMap, Watcher
 

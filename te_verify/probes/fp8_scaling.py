@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from te_verify.tecpu.record import patch_tex, restore_tex
+from te_verify.te.tecpu.record import patch_tex, restore_tex
 
 DELAYED, CURRENT = "delayed", "current"
 

@@ -1,4 +1,4 @@
-"""GEMMs of TE's Python layer, read at the tex boundary below it (te_verify.tecpu.record), by layer and role.
+"""GEMMs of TE's Python layer, read at the tex boundary below it (te_verify.te.tecpu.record), by layer and role.
 
 Works the same over the tex emulation and over TE's real C++ extension on a GPU. Roles come from the layout TE
 asks for (fprop "TN", dgrad "NN" and wgrad "NT" with grad=True). Layers come from provenance, not from TE:
@@ -17,7 +17,7 @@ import torch
 
 from te_verify.probes import dispatch
 from te_verify.probes.flops import GemmProbe
-from te_verify.tecpu.record import RootKey, TexGemm, TexRecorder, patch_tex, restore_tex
+from te_verify.te.tecpu.record import RootKey, TexGemm, TexRecorder, patch_tex, restore_tex
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class AtenGemmOutsideTex(GemmProbe):
         self._saved: list[tuple[str, Any]] = []
 
     def bind(self, model: torch.nn.Module) -> None:
-        from te_verify.graph_sites import linear_weights
+        from te_verify.oracle.sites import linear_weights
 
         named = linear_weights(model)
         self.labels, self._weights = [site.label for site in named], [site.weight for site in named]

@@ -114,7 +114,7 @@ def case_check(nodeid: str) -> Callable[[Any], Any]:
     """The test function a node id names, when it takes only `case`; otherwise CaseRun.verify.
 
     Used by repro scripts so they run the check that failed, not only the standard verify()."""
-    from te_verify.caserun import CaseRun
+    from te_verify.run.caserun import CaseRun
 
     relative, _, rest = nodeid.partition("::")
     path = _case_file(relative)

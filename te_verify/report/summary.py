@@ -78,7 +78,7 @@ def te_ran(header: dict[str, Any]) -> str:
 
 
 def selection_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """What the pr tier's choice kept per family x backend (te_verify.selection): candidates, chosen, pairs, and how
+    """What the pr tier's choice kept per family x backend (te_verify.matrix.selection): candidates, chosen, pairs, and how
     many chosen cases skipped (a skipped case covers none of its pairs: a budget skip is visible here)."""
     kept = {(r.get("family"), r.get("backend")): r["selection"] for r in rows if r.get("selection")}
     if not kept:

@@ -40,11 +40,11 @@ from torch import nn
 
 from te_verify import device as run_device
 from te_verify.compat import record
-from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, microbatches, te_stack
-from te_verify.training import TrainStep, sgd
-from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, param_tensors, units_of, \
-    value_of
+from te_verify.distributed.types import Engine
+from te_verify.distributed.rank.training import microbatches, te_stack
+from te_verify.training import StateBytes, TrainStep, sgd
+from te_verify.distributed.types import (Wrapped, WrapperError, options, param_slots, param_tensors, units_of,
+                                         value_of)
 from te_verify.spec import CaseSpec
 
 SUPPORTED = "0.19.8"

@@ -50,10 +50,11 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.compat.cuda_stand_in import confine
-from te_verify.distributed.engines import Engine
-from te_verify.distributed.training import StateBytes, load_te, microbatches
+from te_verify.distributed.types import Engine
+from te_verify.distributed.rank.training import load_te, microbatches
+from te_verify.training import StateBytes
 from te_verify.training import TrainStep, default_backward, sgd
-from te_verify.distributed.wrappers import Wrapped, WrapperError, options, param_slots, units_of
+from te_verify.distributed.types import Wrapped, WrapperError, options, param_slots, units_of
 from te_verify.spec import CaseSpec
 
 SUPPORTED = "0.6.1"

@@ -1,0 +1,286 @@
+"""Run one distributed case inside a rank (pool rank or torchrun rank) and return what it observed.
+
+Every rank builds the identical seeded model, freezes it as the spec says (before or after wrapping),
+wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
+scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
+batch. Collectives are recorded (by phase, and by what they carry: distributed.carried) and the gathered-parameter
+timeline while forward and backward run. Then every rank takes three more plain steps; the net growth of live
+memory over the last is the rank's memory_retained (probes.retention).
+Everything is made on the rank's device (te_verify.device, set by the pool or the torchrun entry); the outcome
+travels back as host copies.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from te_verify.checks.collectives import Collective
+from te_verify.distributed.rank.carried import Attribution, ContentIndex
+from te_verify.distributed.rank.training import microbatches
+from te_verify.training import StateBytes
+from te_verify.training import chunked, run_iteration
+from te_verify.distributed.rank.observe import CollectiveCounter, Timeline, capture_boundaries
+from te_verify.distributed.types import Slot, Wrapped, WrapperError, param_slots
+from te_verify.distributed.wrappers import wrap
+from te_verify.oracle.sites import linear_weights
+from te_verify.run.isolation import fresh_case
+from te_verify.models import FAMILIES, CaseInputs, build_model, freeze, make_inputs, set_frozen, unfreeze_all
+from te_verify.probes.flops import GemmProbe
+from te_verify.probes.memory import PeakMemoryProbe
+from te_verify.probes.retention import Retention
+from te_verify.probes.saved import SavedTensorsProbe
+from te_verify.run.process_state import kept
+from te_verify.record import TensorState
+from te_verify.run.runner import input_states, set_phase
+from te_verify.spec import CaseSpec
+
+
+@dataclass
+class DistCase:
+    """What the pool sends to every rank."""
+
+    # The case.
+    spec: CaseSpec
+    # Replaces te_verify.distributed.wrappers.wrap (planted faults in tests); module-level, picklable.
+    wrap: Callable[[nn.Sequential, CaseSpec], Wrapped] | None = None
+
+
+@dataclass
+class RankOutcome:
+    """One rank's observations of one case (all picklable)."""
+
+    # The rank.
+    rank: int
+    # Full gradients by qualified parameter name, "<layer>.<weight|bias>" for a stack (None where it is None).
+    grads: dict[str, torch.Tensor | None]
+    # Full gradient of the global input, gathered from every rank's shard (None if the input needs none).
+    input_grad: torch.Tensor | None
+    # Every collective call during forward and backward (and what ran after autograd's nodes: "step"), with what
+    # it carried.
+    collectives: list[Collective]
+    # (event, boundary, gathered bytes per layer) in backward order; empty when not observable.
+    timeline: list[tuple[str, int, list[int]]]
+    # The forward output of the global batch, gathered from every rank's shard.
+    output: torch.Tensor | None = None
+    # Full parameter values after the run, by "<layer>.<weight|bias>" (what the run left in the model).
+    params: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    # The model's buffers after the run, by qualified name (no wrapper here shards buffers): a library model's
+    # rotary tables and index buffers.
+    buffers: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    # This rank's waste probes (GEMMs, saved tensors, peak memory) over its shard: figures and observations.
+    figures: dict = field(default_factory=dict)
+    observations: dict = field(default_factory=dict)
+    # Every parameter's requires_grad after the run, by its qualified name before wrapping.
+    requires_grad_after: dict[str, bool] = field(default_factory=dict)
+    # The rank's input shard and cotangent (the caller's tensors) before and after the run.
+    inputs_before: dict[str, TensorState] = field(default_factory=dict)
+    inputs_after: dict[str, TensorState] = field(default_factory=dict)
+    # A training engine's full parameters after each optimizer step (distributed.training); empty for a wrapper.
+    params_after_steps: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    # A training engine's state bytes per category after its last step, on this rank.
+    engine_state: dict[str, StateBytes] = field(default_factory=dict)
+
+
+def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
+    """Build, freeze before or after wrapping as the spec says, wrap; how to name what a collective carries (the
+    parameters' and buffers' values as built, the tensors the wrapper holds at each call); the parameters' slots."""
+    model = build_model(spec)
+    slots = param_slots(model)  # taken before wrapping: freezing after it reaches the wrapper's parameters by name
+    built = {**{name: getattr(module, attr).detach().clone() for name, module, attr in slots},
+             **{f"buffer:{name}": b.detach().clone() for name, b in model.named_buffers()}}
+    if spec.freeze_timing in ("before", "unfreeze_after"):
+        freeze(model, spec)
+    wrapped = wrap_fn(model, spec)
+    wrapped.model = model
+    if spec.model is None:
+        if spec.freeze_timing == "after":
+            set_frozen(wrapped.layers, spec.weight_frozen, spec.bias_frozen)
+        elif spec.freeze_timing == "unfreeze_after":
+            unfreeze_all(wrapped.layers)
+    elif spec.freeze_timing != "before":
+        freeze_slots(slots, spec)
+    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model)), slots
+
+
+def held_tensors(slots: list[Slot], model: nn.Module):
+    """(name, what, tensor) for what the wrapper holds now: each parameter by its pre-wrap name (a sharded
+    wrapper's shard or gathered copy), its .grad, and the model's buffers."""
+    for name, module, attr in slots:
+        param = getattr(module, attr)
+        yield name, "values", param
+        yield name, "grad", param.grad
+    for name, b in model.named_buffers():
+        yield f"buffer:{name}", "values", b
+
+
+def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:
+    """A model family's freezing after wrapping, by the qualified names the parameters had before it: "after"
+    applies the family's rule, "unfreeze_after" makes every parameter trainable."""
+    trainable = FAMILIES[spec.model.kind].trainable
+    for name, module, attr in slots:
+        getattr(module, attr).requires_grad_(spec.freeze_timing == "unfreeze_after" or trainable(name, spec.model))
+
+
+def shard(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    size = t.shape[0] // world_size
+    return t.detach()[rank * size:(rank + 1) * size].clone()
+
+
+def gather_batch(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Concatenate every rank's shard along the batch dim (all ranks pass a tensor or all pass None)."""
+    if t is None:
+        return None
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
+def to_host(grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    """Host copies of a rank's gradients: unpickling a CUDA tensor would open a context on the rank's GPU in
+    the caller's process."""
+    return {name: None if g is None else g.cpu() for name, g in grads.items()}
+
+
+def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
+    """The pool's per-case callable: run `case` on this rank. What it leaves in the rank's process state (grad mode,
+    default dtype, torch.nn.functional, ...: te_verify.run.process_state) is put back, so the rank's next case starts as
+    if it were the first."""
+    with kept():
+        return _run_dist_case(rank, world_size, case)
+
+
+def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
+    spec = case.spec
+    if spec.replays != 1:
+        raise WrapperError(f"replays={spec.replays}: the distributed lane runs one backward pass per case")
+    fresh_case(spec)
+    began = time.perf_counter()
+    wrapped, attribution, slots = prepare(spec, case.wrap or wrap)
+    wrap_s = time.perf_counter() - began  # the wrapper's or engine's own set-up (figure wrap_s), not the pool's
+    inputs = make_inputs(spec)
+    x = shard(inputs.x, rank, world_size).requires_grad_(spec.input_requires_grad)
+    cotangent = shard(inputs.grad_output, rank, world_size) * wrapped.grad_divisor
+    before = input_states(CaseInputs(x, cotangent))
+    counter = CollectiveCounter(attribute=attribution)
+    timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
+    observe = wrapped.gathered_bytes is not None
+    probes = rank_probes(wrapped, spec)
+    with Retention(True) as retention:  # entered first: on CPU it tracks from the measured step on
+        outcome = _measured_step(rank, spec, wrapped, x, cotangent, counter, timeline, probes, observe)
+        outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
+        outcome.figures["wrap_s"] = wrap_s
+        outcome.inputs_before, outcome.inputs_after = before, input_states(CaseInputs(x, cotangent))
+        # Every rank takes the steps (their collectives pair up), after the measured step's observations. The judged
+        # one is the fourth: DDP rebuilds its buckets once, in the order gradients became ready, at the start of the
+        # second iteration's forward, or of the third with static_graph=True (its first iteration all-reduces late);
+        # a one-time allocation (torch.nn.parallel.DistributedDataParallel._rebuild_buckets), measured here.
+        if wrapped.train is not None:
+            _train_steps(spec, wrapped, x, cotangent, counter, outcome)
+        outcome.observations["retained"] = retention.second_step(
+            wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
+            step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
+    return outcome
+
+
+def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
+                   counter: CollectiveCounter, timeline: Timeline, probes: list, observe: bool) -> RankOutcome:
+    """Forward and backward under the collective counter, the timeline and the probes; what the rank observed."""
+    with counter.patched(), contextlib.ExitStack() as probing:
+        for probe in probes:
+            probing.enter_context(probe)
+        if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.training)
+            out = torch.cat(run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
+                                          lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch)))
+        else:
+            out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
+        counter.phase = "step"  # whatever runs after backward returns (an engine's optimizer step: _train_steps)
+        if observe:
+            timeline.mark("backward_end", -1)
+        set_phase(probes, "idle")
+    input_grad = None if x.grad is None else x.grad / wrapped.grad_divisor
+    gathered, output = gather_batch(input_grad), gather_batch(out.detach())
+    return RankOutcome(
+        rank=rank,
+        grads=to_host(wrapped.full_grads()),
+        input_grad=None if gathered is None else gathered.cpu(),
+        collectives=counter.calls,
+        timeline=timeline.events,
+        output=output.cpu(),
+        params=to_host(wrapped.full_params()),
+        buffers=to_host({name: b.detach().clone() for name, b in wrapped.model.named_buffers()}),
+        figures={k: v for probe in probes for k, v in probe.figures().items()},
+        observations={k: v for probe in probes for k, v in probe.observations().items()},
+    )
+
+
+def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
+                 counter: CollectiveCounter, outcome: RankOutcome) -> None:
+    """An engine's optimizer step after the measured iteration, then spec.iterations - 1 more whole iterations, all
+    under the collective counter; the parameters after every step and the engine's state after the last."""
+    for k in range(spec.iterations):
+        counter.iteration, counter.microbatch = k, 0
+        with counter.patched():
+            if k:
+                run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
+                              lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
+            counter.phase = "step"
+            wrapped.train.step()
+        outcome.params_after_steps.append(to_host(wrapped.full_params()))
+    outcome.engine_state = wrapped.train.state()
+
+
+def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:
+    """One whole unobserved iteration (the retention check's later steps)."""
+    run_iteration(wrapped.module, wrapped.train, chunked(inputs.x, inputs.grad_output, microbatches(spec)),
+                  lambda phase, microbatch: None)
+    wrapped.train.step()
+
+
+def _plain_forward_backward(wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor, counter: CollectiveCounter,
+                            timeline: Timeline, probes: list, observe: bool) -> torch.Tensor:
+    """Forward, then backward of the output against the cotangent, with the layer boundaries watched."""
+    _set_phases(counter, probes, "forward")
+    boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
+    out = wrapped.module(x)
+    for handle in handles:
+        handle.remove()
+    if observe:
+        timeline.watch_boundaries(boundaries)
+        timeline.mark("backward_start", len(wrapped.layers))
+    _set_phases(counter, probes, "backward")
+    out.backward(cotangent)
+    return out
+
+
+def _set_phases(counter: CollectiveCounter, probes: list, phase: str, microbatch: int = 0) -> None:
+    """The collective counter's phase, and the probes' (backward is pass 1; an engine's finish is the probes' idle).
+    The probes watch the first microbatch only: the oracle of a rank is its first microbatch's (verify.local_spec)."""
+    counter.phase, counter.microbatch = phase, microbatch
+    if microbatch > 0:
+        set_phase(probes, "idle")
+    elif phase == "forward":
+        set_phase(probes, "forward")
+    elif phase == "backward":
+        set_phase(probes, "backward", 1)
+    else:
+        set_phase(probes, "idle")
+
+
+def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:
+    """The waste probes of the single-process lanes, bound to the wrapped layers (their weights name the layers;
+    a sharded wrapper's unsharded copies are matched to them, see probes.dispatch). A model family's probe binds
+    every linear of the unwrapped model in module order (the oracle's sites) and follows copies, as the torch
+    lane's family runs do."""
+    if spec.model is None:
+        gemms = GemmProbe()
+        gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
+    else:
+        gemms = GemmProbe(follow_copies=True)
+        gemms.bind(wrapped.model, [site.shape for site in linear_weights(wrapped.model)])
+    return [gemms, SavedTensorsProbe(), PeakMemoryProbe()]

@@ -1,0 +1,202 @@
+"""Case generators for the TE lane, by family and tier (smoke / pr / nightly).
+
+FP8 GEMMs need the last dim divisible by 16 and the rows by 8, so FP8 stacks use widths 16/32/64/128;
+`fp8_specs` adds one error-input case (width 24) where TE raises. Freeze patterns follow the torch lane:
+all 16 masks of 4 layers, alternating, prefix/suffix, and the non-square 32->64->128->64->32 stack.
+"""
+from __future__ import annotations
+
+from te_verify.matrix.tiers import all_masks, check_tier, dedupe, named_masks
+from te_verify.spec import CaseSpec, ModelConfig, TEConfig
+
+NON_SQUARE4 = (32, 64, 128, 64, 32)
+SQUARE4 = (32, 32, 32, 32, 32)
+NARROW4 = (16, 32, 64, 32, 16)
+FP8_ERROR_WIDTHS = (32, 24, 32)  # 24 is not a multiple of 16: TE refuses the FP8 GEMM
+RECIPES = ("delayed", "current")
+CONFIGS = ((False, False, False), (True, False, False), (False, True, False), (False, True, True),
+           (True, True, False), (True, True, True))  # (delay_wgrad, main_grad, grad_added_to_main_grad)
+
+
+# BitFit-style training: the weights frozen, the biases trained. Frozen weights with trainable biases are a freeze
+# pattern of their own in every TE family (TE's high-precision Linear computes a bias gradient only inside the wgrad
+# GEMM it skips for a frozen weight: expectations/te_eager.toml).
+BIAS_TRAINED = (False, False, False, False)
+
+
+def bitfit(family: str, widths: tuple[int, ...], recipes: tuple, x_grads: tuple = (False, True), **spec) -> list[CaseSpec]:
+    """Every weight frozen and every bias trained, over `recipes` and input-gradient needs."""
+    te = spec.pop("te", {})
+    return [CaseSpec(family, widths, named_masks(4)["all"], BIAS_TRAINED, x, spec.pop("batch_shape", (16,)),
+                     te=TEConfig(recipe=r, **te), **spec) for r in recipes for x in x_grads]
+
+
+def _patterns(tier: str) -> tuple[str, ...]:
+    return ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none")
+
+
+def fp8_specs(tier: str) -> list[CaseSpec]:
+    """FP8 parity: stacks x freeze patterns x recipes (E4M3; HYBRID on the non-square stack), input with grad; plus
+    the error-input case."""
+    check_tier(tier)
+    stacks = (NON_SQUARE4,) if tier == "smoke" else (NON_SQUARE4, SQUARE4, NARROW4)
+    specs = [CaseSpec("te_fp8", w, named_masks(4)[p], named_masks(4)[p], True, (16,), te=TEConfig(recipe=r))
+             for w in stacks for p in _patterns(tier) for r in RECIPES]
+    if tier != "smoke":  # issue 3: E4M3 forward, E5M2 gradients under the HYBRID format
+        specs += [CaseSpec("te_fp8", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+                           te=TEConfig(recipe=r, fp8_format="HYBRID")) for p in ("alternating", "none") for r in RECIPES]
+    if tier == "nightly":
+        specs += [CaseSpec("te_fp8", NON_SQUARE4, m, m, x, (2, 8), te=TEConfig(recipe=r, fp8_format=f), seed=s)
+                  for m in all_masks(4) for x in (False, True) for r in RECIPES for f in ("E4M3", "HYBRID")
+                  for s in (0, 1)]
+        specs += history_specs("te_fp8")
+    specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
+    if tier != "smoke":
+        specs += bitfit("te_fp8", NON_SQUARE4, RECIPES)
+    return dedupe(specs)
+
+
+# Delayed scaling's amax history rolls within a case: a history of HISTORY_LEN entries over HISTORY_LEN + 2 iterations
+# (every entry replaced at least once: the recipe's roll and its max over the window are both judged, fp8_scaling).
+HISTORY_LEN = 2
+
+
+def history_specs(family: str, microbatches: int = 1) -> list[CaseSpec]:
+    """Nightly: delayed scaling with a short amax history, trained past it (E4M3 and HYBRID)."""
+    te = dict(delay_wgrad=True, microbatches=microbatches) if family == "te_delayed" else {}
+    return [CaseSpec(family, NARROW4 if te else NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,),
+                     te=TEConfig(recipe="delayed", fp8_format=f, amax_history_len=HISTORY_LEN, **te),
+                     iterations=HISTORY_LEN + 2)
+            for p in ("alternating", "none") for f in ("E4M3", "HYBRID")]
+
+
+def peft_specs(tier: str) -> list[CaseSpec]:
+    """PEFT (seed 000): every freeze mask of the non-square stack, input with and without grad, FP8 delayed."""
+    check_tier(tier)
+    masks = list(named_masks(4).values()) if tier == "smoke" else all_masks(4)
+    xs = (False,) if tier == "smoke" else (False, True)
+    specs = [CaseSpec("te_peft", NON_SQUARE4, m, m, x, (16,), te=TEConfig(recipe="delayed")) for m in masks for x in xs]
+    if tier != "smoke":
+        specs += [CaseSpec("te_peft", SQUARE4, named_masks(4)[p], None, False, (16,), te=TEConfig(recipe="current"))
+                  for p in ("alternating", "prefix", "suffix")]
+        specs += [CaseSpec("te_peft", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], False, (16,),
+                           freeze_timing=t, te=TEConfig(recipe="delayed"))
+                  for p in ("alternating", "prefix") for t in ("after", "unfreeze_after")]
+        specs += bitfit("te_peft", NON_SQUARE4, (None, "delayed"))
+    return dedupe(specs)
+
+
+def replay_specs(tier: str) -> list[CaseSpec]:
+    """Replays (seed 001): 2 and 3 backward passes with retain_graph=True, FP8 recipes and high precision."""
+    check_tier(tier)
+    replays = (2,) if tier == "smoke" else (2, 3)
+    recipes = ("delayed",) if tier == "smoke" else ("delayed", "current", None)
+    patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix")
+    specs = [CaseSpec("te_replay", NON_SQUARE4, named_masks(4)[p], named_masks(4)[p], True, (16,), replays=r,
+                      te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes]
+    if tier != "smoke":
+        specs += bitfit("te_replay", NON_SQUARE4, (None, "delayed"), (True,), replays=2)
+    return dedupe(specs)
+
+
+def contract_specs(tier: str) -> list[CaseSpec]:
+    """Contract (seed 002): module kind x config x 2/3 microbatches (high precision; te_eager)."""
+    check_tier(tier)
+    kinds = ("linear",) if tier == "smoke" else ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear",
+                                                 "grouped_mlp")
+    mbs = (2,) if tier == "smoke" else (2, 3)
+    mask = (False, True, False, False)
+    specs = [CaseSpec("te_contract", NARROW4, mask, mask, True, (16,), te=TEConfig(None, kind, mg, added, delay, mb))
+             for kind in kinds for delay, mg, added in CONFIGS for mb in mbs]
+    if tier != "smoke":  # the frozen layer's bias trained
+        specs += [CaseSpec("te_contract", NARROW4, mask, BIAS_TRAINED, True, (16,),
+                           te=TEConfig(None, kind, mg, added, delay, 2))
+                  for kind in kinds for delay, mg, added in CONFIGS[:2]]
+    return dedupe(specs)
+
+
+def delayed_specs(tier: str) -> list[CaseSpec]:
+    """Delayed wgrad: backward_dw() with frozen weights, accumulation over 1-3 calls, FP8 and high precision."""
+    check_tier(tier)
+    patterns = ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none", "all")
+    mbs = (2,) if tier == "smoke" else (1, 2, 3)
+    recipes = (None,) if tier == "smoke" else (None, "delayed")
+    specs = []
+    for p in patterns:
+        mask = named_masks(4)[p]
+        for mb in mbs:
+            for rec in recipes:
+                specs.append(CaseSpec("te_delayed", NARROW4, mask, mask, p == "all", (16,),
+                                      te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
+    if tier != "smoke":
+        specs += bitfit("te_delayed", NARROW4, recipes, te=dict(module="linear", delay_wgrad=True, microbatches=2))
+    if tier == "nightly":
+        specs += history_specs("te_delayed", microbatches=2)
+    # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
+    tied_mbs = (1,) if tier == "smoke" else (1, 2)
+    specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),
+                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb, tied=(1, 2)))
+              for mb in tied_mbs for rec in recipes]
+    return dedupe(specs)
+
+
+MOE_WIDTHS = (32, 32)
+MOE_ROWS = (64,)  # 16 rows per expert: an FP8 wgrad GEMM reduces over the rows, which must be a multiple of 16
+
+
+def moe_specs(tier: str) -> list[CaseSpec]:
+    """MoE PEFT: one TE GroupedLinear of 4 experts (equal row shares), a subset of experts frozen."""
+    check_tier(tier)
+    frozen = ((1,), ()) if tier == "smoke" else ((1,), (0, 2), (), (0, 1, 2, 3))
+    recipes = ("delayed",) if tier == "smoke" else ("delayed", None)
+    modules = ("grouped_linear",) if tier == "smoke" else ("grouped_linear", "ops_grouped_linear")
+    xs = (False,) if tier == "smoke" else (False, True)
+    specs = [CaseSpec("te_moe", MOE_WIDTHS, (False,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4,
+                                                                                      frozen_experts=f))
+             for f in frozen for rec in recipes for module in modules for x in xs]
+    if tier != "smoke":  # every expert's weight frozen, its bias trained
+        specs += [CaseSpec("te_moe", MOE_WIDTHS, (True,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4))
+                  for rec in recipes for module in modules for x in xs]
+    return dedupe(specs)
+
+
+LORA_TARGETS = {"qv": ("q", "v"), "attn": ("q", "k", "v", "o"), "mlp": ("fc_1", "fc_2", "proj"),
+                "all": ("q", "k", "v", "o", "fc_1", "fc_2", "proj")}
+
+
+def _lora(targets: str, x_grad: bool, dtype: str, recipe: str | None = None, blocks: int = 1,
+          seed: int = 0, kind: str = "llama") -> CaseSpec:
+    tokens = kind == "litgpt_lora"  # LitGPT's GPT takes token ids and ends in its head
+    model = ModelConfig(kind, blocks=blocks, lora_on=LORA_TARGETS[targets], te_base=True, embedding=tokens,
+                        head=tokens)
+    return CaseSpec("te_lora", (model.in_width, model.out_width), (), None, x_grad, (2, 8), dtype, model=model,
+                    te=TEConfig(recipe=recipe), seed=seed)
+
+
+def te_lora_specs(tier: str) -> list[CaseSpec]:
+    """LoRA over TE Linear (issue 12): Llama blocks (in nightly also transformers + peft's and LitGPT's models, issue
+    19) whose adapters' bases are TE Linears (frozen), the adapters torch's; high precision in fp32 and bf16, and FP8
+    (delayed, current scaling) in fp32. One backward pass: TE frees its saved state in the first backward (TE issue
+    990), so replays are the te_replay family's."""
+    check_tier(tier)
+    if tier == "smoke":
+        return [_lora("qv", True, "fp32"), _lora("all", False, "bf16")]
+    # pr: six specs (thunder_te compiles each in about 6 s on 2 cores); nightly: every target, x_grad and dtype.
+    specs = [_lora("qv", True, "fp32"), _lora("qv", False, "fp32"), _lora("all", True, "fp32"),
+             _lora("all", False, "bf16"), _lora("qv", True, "fp32", "delayed"), _lora("all", True, "fp32", "current")]
+    if tier == "nightly":  # about 6 s per thunder_te case: the other targets and recipes, 2 blocks once
+        specs += [_lora(t, True, d) for t, d in (("attn", "fp32"), ("mlp", "bf16"))]
+        specs += [_lora(t, False, "fp32", r) for t, r in (("attn", "delayed"), ("mlp", "current"))]
+        specs.append(_lora("all", True, "fp32", blocks=2))
+        # The library-model families (issue 19): peft's base_layer and LitGPT's linear as TE Linears.
+        for kind in ("hf_peft", "litgpt_lora"):
+            x_grad = kind == "hf_peft"  # hidden states in; LitGPT's token ids need no grad
+            specs += [_lora("qv", x_grad, "fp32", kind=kind), _lora("all", False, "bf16", kind=kind),
+                      _lora("all", x_grad, "fp32", "delayed", kind=kind),
+                      _lora("qv", x_grad, "fp32", "current", kind=kind)]
+    return dedupe(specs)
+
+
+FAMILIES = {"te_fp8": fp8_specs, "te_peft": peft_specs, "te_replay": replay_specs,
+            "te_contract": contract_specs, "te_delayed": delayed_specs, "te_moe": moe_specs,
+            "te_lora": te_lora_specs}

@@ -1,0 +1,238 @@
+"""Required work from a spec alone: the GEMMs by layer and role, their FLOPs, the saved tensors, a peak bound.
+
+The rules (DESIGN.md, "What redundant means"), with the freeze masks in force during backward
+(`spec.frozen_after_prepare()`):
+- needs_grad(input of layer i) = the model input needs grad, or some earlier layer has a trainable weight or bias;
+- fprop: always; dgrad: iff needs_grad(input of layer i); wgrad: iff the weight is trainable; bgrad (a
+  reduction, not a GEMM): iff the bias is trainable;
+- saved for backward: the layer input iff wgrad is needed; the weight's FP8/transposed copy iff dgrad is
+  needed. Only new allocations count: a plain layer-0 input is the model input and a plain weight is a
+  parameter, so neither counts; in FP8 cases both are new quantized copies in TE's per-tensor format: one
+  layout of the data (1 byte per element: the columnwise copy the backward GEMM reads on sm90, the rowwise one
+  on sm100) and its scale_inv (one fp32 element in its own storage), so two storages per copy.
+- every backward replay repeats the backward GEMMs; the forward runs once.
+- experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
+  of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
+  input needs grad iff the model input does or an earlier layer's expert k is trainable.
+- model families (spec.model): the same rules per linear site, with "needs grad" read from the model's module
+  graph (te_verify.oracle.graph); sites fed one value save it once, and the model input is never a new save.
+  Required work for what is not a linear site (attention, norms, activations) is not derived: the checks
+  report it beside the sites' figures.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from te_verify.oracle.sites import Site
+from te_verify.spec import CaseSpec
+
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
+FP8_BYTES = 1  # an FP8 copy's data holds one byte per element
+SCALE_INV_BYTES = 4  # and its per-tensor scale_inv one fp32 element, in a storage of its own
+BACKWARD_ROLES = ("dgrad", "wgrad")
+
+
+@dataclass(frozen=True)
+class RequiredSaved:
+    """What backward needs kept from the forward, counting new allocations only."""
+
+    # Total bytes of the required new saved tensors.
+    nbytes: int
+    # How many tensors that is.
+    count: int
+    # (layer, "input" | "weight_copy", bytes) per required tensor.
+    items: tuple[tuple[int, str, int], ...]
+
+
+@functools.lru_cache(maxsize=256)
+def _model_graph(spec: CaseSpec) -> tuple[tuple[Site, ...], bool]:
+    """A model family's sites and whether any value needs a gradient, from its module graph as frozen at backward."""
+    from te_verify.oracle.graph import graph_sites
+    from te_verify.models import CPU, frozen_at_backward, make_inputs
+
+    model = frozen_at_backward(spec, CPU)
+    x = make_inputs(spec, device=CPU).x
+    return tuple(graph_sites(model, x)), x.requires_grad or any(p.requires_grad for p in model.parameters())
+
+
+def sites(spec: CaseSpec) -> list[Site]:
+    """Every linear site, layer-major; one per layer without experts; a model family's in module order."""
+    if spec.model is not None:
+        return list(_model_graph(spec)[0])
+    weights, biases = trainable_masks(spec)
+    experts = spec.te.experts if spec.te is not None else 1
+    frozen = set(spec.te.frozen_experts) if spec.te is not None else set()
+    rows = math.prod(spec.batch_shape) // experts
+    upstream = [spec.input_requires_grad] * experts
+    out = []
+    for i in range(spec.n_layers):
+        for k in range(experts):
+            w, b = weights[i] and k not in frozen, biases[i] and k not in frozen
+            label = str(i) if experts == 1 else f"{i}.e{k}"
+            out.append(Site(label, i, rows, spec.widths[i], spec.widths[i + 1], w, b, upstream[k],
+                            input_is_model_input=i == 0))
+            upstream[k] = upstream[k] or w or b
+    return out
+
+
+def trainable_masks(spec: CaseSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """(weight trainable, bias trainable) per layer, as in force during backward; no bias => False."""
+    weight_frozen, bias_frozen = spec.frozen_after_prepare()
+    weights = tuple(not f for f in weight_frozen)
+    biases = tuple(not f for f in bias_frozen) if bias_frozen is not None else (False,) * spec.n_layers
+    return weights, biases
+
+
+def input_needs_grad(spec: CaseSpec) -> tuple[bool, ...]:
+    """needs_grad(input of layer i) for every layer."""
+    weights, biases = trainable_masks(spec)
+    needs, upstream = [], spec.input_requires_grad
+    for i in range(spec.n_layers):
+        needs.append(upstream)
+        upstream = upstream or weights[i] or biases[i]
+    return tuple(needs)
+
+
+def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
+    """(layer, role) of the GEMMs one backward pass needs, last layer first (a model family: last site first)."""
+    if spec.model is not None:
+        return [(s.layer, role) for s in reversed(sites(spec)) for role in ("dgrad", "wgrad") if role in s.roles()]
+    weights, _ = trainable_masks(spec)
+    needs = input_needs_grad(spec)
+    gemms = []
+    for i in reversed(range(spec.n_layers)):
+        if needs[i]:
+            gemms.append((i, "dgrad"))
+        if weights[i]:
+            gemms.append((i, "wgrad"))
+    return gemms
+
+
+def graph_exists(spec: CaseSpec) -> bool:
+    """Whether the output needs grad at all (if not, backward raises and does no work)."""
+    if spec.model is not None:
+        return _model_graph(spec)[1]
+    return spec.input_requires_grad or any(s.weight_trainable or s.bias_trainable for s in sites(spec))
+
+
+def required_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
+    """(layer, role) of every GEMM the run needs: fprop per layer, then each replay's backward GEMMs."""
+    forward = forward_gemms(spec)
+    backward = backward_gemms(spec) if graph_exists(spec) else []
+    return forward + backward * spec.replays
+
+
+def forward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
+    """(layer, "fprop") per layer (a model family: per site)."""
+    if spec.model is not None:
+        return [(s.layer, "fprop") for s in sites(spec)]
+    return [(i, "fprop") for i in range(spec.n_layers)]
+
+
+def required_bias_grads(spec: CaseSpec) -> list[int]:
+    """Layers whose bias gradient each backward pass needs (a reduction; not counted as a GEMM)."""
+    _, biases = trainable_masks(spec)
+    return [i for i, trainable in enumerate(biases) if trainable]
+
+
+def gemm_flops(spec: CaseSpec, layer: int) -> int:
+    """FLOPs of one fprop, dgrad or wgrad GEMM of `layer`: 2 * rows * in * out (all three are equal)."""
+    rows = math.prod(spec.batch_shape)
+    return 2 * rows * spec.widths[layer] * spec.widths[layer + 1]
+
+
+def required_flops(spec: CaseSpec) -> int:
+    """fprop of every site once, and each backward pass's required dgrad and wgrad GEMMs."""
+    replays = spec.replays if graph_exists(spec) else 0
+    return sum(s.gemm_flops() * (1 + replays * len(s.roles() - {"bgrad"})) for s in sites(spec))
+
+
+def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
+    """Bytes one GEMM of `role` reads (fprop x and W, dgrad dy and W, wgrad x and dy): one byte an element where
+    the case quantizes to FP8 (every GEMM of a TE FP8 recipe), else the case's element size. Split along K, the
+    parts read the same bytes between them."""
+    x, w, dy = site.rows * site.fan_in, site.fan_in * site.fan_out, site.rows * site.fan_out
+    elements = {"fprop": x + w, "dgrad": dy + w, "wgrad": x + dy}[role]
+    fp8 = spec.te is not None and spec.te.recipe is not None
+    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype])
+
+
+def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
+    """Site label -> backward roles required ("dgrad", "wgrad", "bgrad"), from the masks in force at backward."""
+    return {s.label: s.roles() for s in sites(spec)}
+
+
+def fp8_copy_bytes(site: Site, kind: str) -> int:
+    """Bytes of one FP8 copy backward reads: one layout of the data and its scale_inv ("input" or "weight")."""
+    elements = site.rows * site.fan_in if kind == "input" else site.fan_in * site.fan_out
+    return elements * FP8_BYTES + SCALE_INV_BYTES
+
+
+def required_saved(spec: CaseSpec) -> RequiredSaved:
+    """The new tensors backward needs kept (plain or FP8 by `spec.te.recipe`), per site."""
+    if not graph_exists(spec):
+        return RequiredSaved(0, 0, ())
+    if spec.model is not None:
+        return _family_saved(spec)
+    fp8 = spec.te is not None and spec.te.recipe is not None
+    items = []
+    for s in sites(spec):
+        for kind, role, label in (("input", "wgrad", "input"), ("weight", "dgrad", "weight_copy")):
+            if role not in s.roles():
+                continue
+            if fp8:
+                data = fp8_copy_bytes(s, kind) - SCALE_INV_BYTES
+                items += [(s.layer, label, data), (s.layer, label + "_scale_inv", SCALE_INV_BYTES)]
+            elif kind == "input" and s.layer > 0:
+                items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+    return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
+
+
+def _family_saved(spec: CaseSpec) -> RequiredSaved:
+    """A model family's linear sites: each value a wgrad reads, once, unless it is the model input."""
+    items, seen = [], set()
+    for s in sites(spec):
+        if "wgrad" in s.roles() and not s.input_is_model_input and s.input_value not in seen:
+            seen.add(s.input_value)
+            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+    return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
+
+
+def required_peak(spec: CaseSpec) -> int:
+    """An upper bound on the live bytes the minimal schedule needs (new allocations only).
+
+    The required saved tensors, the output, the gradients of trainable parameters and of the input (they
+    stay alive as .grad), two activations in flight (a layer's output/grad and the next one's) and, with
+    replays, one layer's weight+bias-sized temporary (a later pass's wgrad and bgrad before accumulation). The runner's own
+    snapshots are taken in the probes' "idle" phase and are not counted. Not exact: allocators and schedules differ, so it bounds rather than predicts; a backend
+    above it holds memory the case does not need.
+    """
+    size = BYTES_PER_ELEMENT[spec.dtype]
+    rows = math.prod(spec.batch_shape)
+    weights, biases = trainable_masks(spec)
+    grads = sum(spec.widths[i] * spec.widths[i + 1] for i in range(spec.n_layers) if weights[i])
+    grads += sum(spec.widths[i + 1] for i in range(spec.n_layers) if biases[i])
+    grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
+    activation = rows * max(spec.widths)
+    # A layer's backward returns its wgrad and bgrad together, so one replay temporary is weight + bias sized.
+    bias = 1 if spec.has_bias else 0
+    weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
+                      for i in range(spec.n_layers)) if spec.replays > 1 else 0
+    output = rows * spec.widths[-1]
+    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp)
+
+
+def te_sites(spec: CaseSpec) -> list[str]:
+    """Labels of the sites that are TE Linears: every adapter's base (model.te_base), in any family's naming: a
+    site "P.<name>" that is no adapter, beside adapters "P.lora_..." (ours "q.base" / "q.lora_a", peft's
+    "q_proj.base_layer" / "q_proj.lora_A.default", LitGPT's "qkv.linear" / "qkv.lora_A")."""
+    if spec.model is None or not spec.model.te_base:
+        return []
+    labels = [s.label for s in sites(spec)]
+    adapters = [label.lower() for label in labels if ".lora_" in label.lower()]
+    return [label for label in labels if ".lora_" not in label.lower()
+            and any(a.startswith(label.rsplit(".", 1)[0].lower() + ".lora_") for a in adapters)]

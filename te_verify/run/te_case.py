@@ -1,0 +1,212 @@
+"""Steps every TE family shares: run the case on its backend under the lane's probes, keep what it raised for the
+report row, and skip (never pass) a run in which thunder's TE executor claimed no linear; the standard verdicts of
+a TE stack case."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from te_verify.te import api as te_api
+from te_verify.backends.eager import EagerBackend
+from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
+from te_verify.run.caserun import CaseRun
+from te_verify.checks.ending import ending
+from te_verify.checks.fp8_scaling import fp8_scaling
+from te_verify.checks.fp8_tolerance import fp8_bound
+from te_verify.checks.leftovers import leftover_verdicts
+from te_verify.checks.parity import grad_parity
+from te_verify.checks.presence import grad_presence
+from te_verify.checks.replay import replay_semantics
+from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
+from te_verify.checks.systematic import grad_scale
+from te_verify.checks.te_claims import unclaimed_reason
+from te_verify.oracle.required import te_sites
+from te_verify.checks.te_waste import te_waste
+from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
+from te_verify.checks.verdict import Verdict
+from te_verify.probes import default_probes
+from te_verify.probes.fp8_scaling import scaling_observer
+from te_verify.record import Record
+from te_verify.spec import CaseSpec
+from te_verify.te.reference import functional, gemm_log
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.te.tecpu.strict import Unemulated
+
+
+def error_figures(record: Record) -> dict:
+    """The class, message and pass of what a run raised (the report row keeps them, e.g. TE 990's second backward)."""
+    if record.error is None:
+        return {}
+    message = str(record.error).splitlines()[0][:300] if str(record.error) else ""
+    return {"error_class": type(record.error).__name__, "error_message": message, "error_pass": record.error_pass}
+
+
+REFERENCE_KINDS = {"ops_linear": "linear", "ops_grouped_linear": "grouped_linear"}
+QUANTIZED_REFERENCE = "te_verify.te.reference on the same FP8 operands"
+
+
+def reference_spec(spec: CaseSpec) -> CaseSpec:
+    """`spec` on the reference's module kind with the same numerics."""
+    return spec.replace(te=dataclasses.replace(spec.te, module=REFERENCE_KINDS.get(spec.te.module, spec.te.module)))
+
+
+def runs_te_ops(spec: CaseSpec, backend: object) -> bool:
+    """Whether the backend's linears are te.ops' (the ops module kinds, or a backend declaring `te_ops_linears`, as
+    thunder's TE executor calling BasicLinear's functional forward and backward): their FP8 GEMMs add an fp32 bias
+    as it is."""
+    return spec.te.module.startswith("ops_") or getattr(backend, "te_ops_linears", False)
+
+
+@contextlib.contextmanager
+def _reference_numerics(spec: CaseSpec, backend: object) -> Iterator[None]:
+    """te_verify.te.reference serving the TE API, with the bias epilogue of the construct `backend` runs."""
+    ops = functional.ops_bias_epilogue() if runs_te_ops(spec, backend) else contextlib.nullcontext()
+    with te_api.using(te_api.resolve("reference")), ops:
+        yield
+
+
+def output_reference(spec: CaseSpec, runner: Callable = run_mean_reduced, backend: object = None) -> Record:
+    """What forward outputs are held to: fp32 eager, or for FP8 cases eager on FP8-rounded operands, as TE's own
+    tests build their references (FP8's elementwise error scales with a dot product's terms, not its result). The
+    quantized-operand forward is te_verify.te.reference's (same saturating cast, TE's scale rules, delayed scaling's
+    history), on the module kind with the same numerics as `backend`'s; its backward quantizes the same operands as
+    TE's (the gradient E4M3 or E5M2 per the recipe, with the saved FP8 input and weight copies)."""
+    if spec.te is None or spec.te.recipe is None:
+        return runner(spec, EagerBackend())
+    with _reference_numerics(spec, backend):
+        record = runner(reference_spec(spec), TEEagerBackend())
+    record.backend = QUANTIZED_REFERENCE
+    return record
+
+
+class _Fp64TEBackend(TEEagerBackend):
+    """The TE lane's modules on the model cast to fp64: the quantized truth's run."""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        return super().prepare(model.double(), spec)
+
+
+class _Fp64EagerBackend(EagerBackend):
+    """Eager on the model cast to fp64: a high-precision TE case's truth."""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        return super().prepare(model.double(), spec)
+
+
+def high_precision_bound(spec: CaseSpec, eager: Record) -> TruthBound:
+    """What a high-precision TE stack case's outputs and gradients are held to, as the torch lane's
+    (checks.tolerances.truth_bound): their normwise distance from the case's fp64 truth (eager on the same weights,
+    input and cotangent in fp64, following `eager`'s parameters from the second iteration on) within TRUTH_FACTOR of
+    eager's, never under the floor."""
+    return truth_bound(spec, run_mean_reduced(spec, _Fp64EagerBackend(), dtype=torch.float64, follow=eager))
+
+
+def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced,
+                    follow: Record | None = None) -> Record:
+    """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
+    quantized at the same places by the same rules. FP8 gradients are bounded by their distance from it
+    (checks.fp8_tolerance): accumulation noise, not quantization noise."""
+    with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64):
+        return runner(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64, follow=follow)
+
+
+def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
+    """Linears the run quantized that the FP8 reference runs in high precision: thunder's TE executor claims every
+    linear whose shapes FP8 accepts, in a LoRA model also those the model keeps as torch Linears (its TE sites are
+    the adapters' bases)."""
+    claimed = got.figures.get("te_layers_claimed")
+    if spec.model is None or claimed is None:
+        return []
+    return sorted(set(claimed) - set(te_sites(spec)))
+
+
+def fp8_judged_against(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                       runner: Callable = run_mean_reduced) -> tuple[Record, Tolerance, TruthBound | None]:
+    """What an FP8 case's gradients and parameters are held to: `quantized` (output_reference's record for the case's
+    backend: the same operands quantized with the same scales) within its fp64 truth's bound
+    (checks.fp8_tolerance), not FP8's quantization tolerance; where the run quantized linears the reference does not
+    (beyond_reference), `eager` within the recipe's tolerance, the row saying why."""
+    spec, name = case.spec, case.backend_name
+    tol = tolerance_for(spec, name)
+    beyond = beyond_reference(spec, got)
+    if beyond:
+        case.figures["fp8_grad_reference"] = f"eager within {tol}: the run quantized {beyond}, not TE sites of the case"
+        return eager, tol, None
+    return quantized, tol, fp8_bound(spec, quantized_truth(spec, case.backend, runner, follow=quantized))
+
+
+def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Record,
+                       runner: Callable = run_mean_reduced) -> list[Verdict]:
+    """An FP8 case's gradients after every backward pass (replay) and every iteration (grad_parity, and grad_scale
+    against the same truth, the quantized reference in eager's role: checks.systematic), and its parameters after
+    every optimizer step, against fp8_judged_against's reference and bound (its fp64 truth computed once): the
+    same-quantization reference, not TE's dtype table."""
+    ref, tol, bound = fp8_judged_against(case, got, quantized, eager, runner)
+    spec, name = case.spec, case.backend_name
+    scale = [grad_scale(spec.id, name, ref, got, bound)] if bound is not None else []  # no truth beyond the reference
+    return [replay_semantics(spec.id, name, ref, got, tol, bound),
+            grad_parity(spec.id, name, ref, got, tol, bound=bound), *scale,
+            params_after_steps(spec.id, name, ref, got, tol, bound)]
+
+
+def te_probes(case: CaseRun) -> list:
+    """The TE lane's probes; for an FP8 case over TE's Python also the scaling observer of every iteration."""
+    probes = default_probes(case.backend_name)
+    observer = scaling_observer(case.spec) if te_api.active().runs_te_python else None
+    return probes + ([observer] if observer is not None else [])
+
+
+def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
+    """fp8_scaling (checks.fp8_scaling) for an FP8 case over TE's Python; none in high precision, and none for a
+    pure-PyTorch --te-impl, whose quantizations never reach a tex boundary (the row says so)."""
+    spec = case.spec
+    if spec.te is None or spec.te.recipe is None:
+        return []
+    if not te_api.active().runs_te_python:
+        case.figures["fp8_scaling"] = f"not applicable: --te-impl {te_api.active().name} has no tex boundary"
+        return []
+    return [fp8_scaling(spec.id, case.backend_name, spec, got)]
+
+
+def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:
+    """The case's run under the default probes, following `follow` (the record it is judged against) from the second
+    iteration on; its figures and error go to the row; unclaimed runs skip; a run that reached something the tex
+    emulation does not emulate errors with that message (never passes)."""
+    skip_unsupported(case)
+    got = runner(case.spec, case.backend, te_probes(case), follow=follow)
+    if isinstance(got.error, Unemulated):
+        raise got.error
+    case.figures.update(got.figures)
+    case.figures.update(error_figures(got))
+    reason = unclaimed_reason(case.spec, got)
+    if reason is not None:
+        pytest.skip(reason)
+    return got
+
+
+def verify_te_stack(case: CaseRun) -> list[Verdict]:
+    """A TE-lane stack case against eager: outputs and FP8 gradients against the reference on the same FP8 operands,
+    None-ness, gradients, state left behind, what the step leaves besides values (checks.leftovers), and the TE
+    lane's waste checks; raises AssertionError with every failure."""
+    spec, name = case.spec, case.backend_name
+    skip_unsupported(case)
+    ref = run_mean_reduced(spec, EagerBackend())
+    tol = tolerance_for(spec, name)
+    outputs_ref = output_reference(spec, backend=case.backend) if spec.te.recipe is not None else ref
+    got = run_te(case, follow=outputs_ref)
+    bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
+    training = (fp8_value_verdicts(case, got, outputs_ref, ref) if spec.te.recipe is not None
+                else [grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
+                      params_after_steps(spec.id, name, ref, got, tol, bound)])
+    return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
+                         ending(spec.id, name, ref, got),
+                         grad_presence(spec.id, name, ref, got),
+                         *training,
+                         *scaling_verdicts(case, got),
+                         state_left_behind(spec.id, name, ref, got, tol),
+                         *leftover_verdicts(spec.id, name, ref, got),
+                         *te_waste(spec.id, name, spec, got)])

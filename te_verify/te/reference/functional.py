@@ -1,0 +1,158 @@
+"""The linear GEMMs of one layer, forward and backward, as plain functions (shared by the modules and
+the thunder executor). Work is exactly what the flags ask for; every GEMM and saved tensor is logged.
+
+Saved state travels as tensors, in TE's per-tensor FP8 format: the input copy and its scale_inv (None unless
+wgrad is needed), the weight copy and its scale_inv (None unless dgrad is needed), and a 1-element `meta`
+(the FP8 flag). A layer that frees its state after backward empties `meta`'s storage; a second backward then
+raises as TE does.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+
+from te_verify.te.reference.autocast import get_fp8_recipe, is_fp8_enabled, note_forward_scaler
+from te_verify.te.reference.fp8 import TensorScaler, assert_fp8_dims
+from te_verify.te.reference.gemm_log import bias_grad, fp8_operand, gemm, log_saved
+from te_verify.te.reference.recipe import Recipe
+
+
+class LayerState:
+    """FP8 scaling state and identity of one linear site (one module, one group, or one traced call)."""
+
+    def __init__(self, label: str, free_saved: bool = False) -> None:
+        self.label = label
+        self.free_saved = free_saved
+        self.recipe: Recipe | None = None
+        self.scalers: dict[str, TensorScaler] = {}
+        # TE's is_first_microbatch of the current forward: True quantizes the weight and keeps the copy, False reuses
+        # the kept copy (no new quantization, no amax recorded for it), None quantizes anew and keeps nothing.
+        self.first_microbatch: bool | None = None
+        self.weight_copy = None
+
+    def quantized_weight(self, w: torch.Tensor, recipe: Recipe):
+        """The FP8 weight for this forward, as is_first_microbatch says (see first_microbatch)."""
+        if self.first_microbatch is False and self.weight_copy is not None:
+            return self.weight_copy
+        qw = self.scaler("weight", recipe, w.device).quantize(w)
+        self.weight_copy = qw if self.first_microbatch else None
+        return qw
+
+    def scaler(self, slot: str, recipe: Recipe, device: torch.device) -> TensorScaler:
+        """The slot's scaling state, made on `device` (the tensors it scales) on first use."""
+        if recipe is not self.recipe:
+            self.recipe, self.scalers = recipe, {}
+        if slot not in self.scalers:
+            fmt = recipe.fp8_format
+            dtype = fmt.bwd_dtype if slot == "grad_output" else fmt.fwd_dtype
+            self.scalers[slot] = TensorScaler(recipe, dtype, device)
+        return self.scalers[slot]
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+# How an FP8 GEMM's bias epilogue takes an fp32 bias: TE's Linear and GroupedLinear modules cast it to bf16, cuBLAS
+# having no FP8 GEMM with an fp32 bias (module/linear.py and grouped_linear.py, `bias_dtype`); te.ops' BasicLinear
+# and GroupedLinear (which thunder's TE executor calls too) pass it as it is. `ops_bias_epilogue` selects the latter.
+_CAST_FP8_BIAS: list[bool] = [True]
+
+
+@contextlib.contextmanager
+def ops_bias_epilogue() -> Iterator[None]:
+    """Inside the block FP8 GEMMs add an fp32 bias as it is, as te.ops does."""
+    _CAST_FP8_BIAS.append(False)
+    try:
+        yield
+    finally:
+        _CAST_FP8_BIAS.pop()
+
+
+def epilogue_bias(b: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """The bias a GEMM adds: see _CAST_FP8_BIAS; a high-precision GEMM adds it as it is."""
+    cast = fp8 and _CAST_FP8_BIAS[-1] and b.dtype in (torch.float32, torch.float64)
+    return b.to(torch.bfloat16) if cast else b
+
+
+def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                   need_wgrad: bool, need_dgrad: bool):
+    """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta)."""
+    fp8 = is_fp8_enabled()
+    x2d = _as_2d(x)
+    meta = torch.tensor([float(fp8)], device=x.device)
+    x_si = w_si = None
+    if fp8:
+        assert_fp8_dims(x2d)
+        assert_fp8_dims(w)
+        recipe = get_fp8_recipe()
+        qx = state.scaler("input", recipe, x2d.device).quantize(x2d)
+        qw = state.quantized_weight(w, recipe)
+        for slot in ("input", "weight"):
+            note_forward_scaler(state.scalers[slot])
+        x_op, w_op = fp8_operand(qx.data, qx.scale_inv), fp8_operand(qw.data, qw.scale_inv)
+        saved_x, saved_w = (qx.data if need_wgrad else None), (qw.data if need_dgrad else None)
+        x_si, w_si = (qx.scale_inv if need_wgrad else None), (qw.scale_inv if need_dgrad else None)
+    else:
+        x_op, w_op = x2d, w
+        saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
+    out = gemm(state.label, "fprop", x_op, w_op.t(), fp8)
+    if b is not None:
+        out = out + epilogue_bias(b, fp8).to(out.dtype)
+    if saved_x is not None:
+        log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
+    if saved_w is not None:
+        log_saved(state.label, "weight", saved_w.numel() * saved_w.element_size() if fp8 else 0, fp8)
+    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0]), (saved_x, x_si, saved_w, w_si, meta)
+
+
+def check_alive(state: LayerState, meta: torch.Tensor) -> None:
+    """TE frees saved state in backward; a second backward finds it gone (TE issue 990)."""
+    if meta.untyped_storage().size() == 0:
+        raise AttributeError(f"layer {state.label}: ctx must have .tensor_objects to restore saved tensors; "
+                             "they were freed by the first backward (retain_graph is not supported)")
+
+
+def free(meta: torch.Tensor) -> None:
+    meta.untyped_storage().resize_(0)
+
+
+def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> torch.Tensor:
+    return fp8_operand(saved, scale_inv) if fp8 else saved
+
+
+def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
+                    need_bgrad: bool, defer_wgrad: bool = False):
+    """Returns (dgrad | None, wgrad | deferred wgrad thunk | None, bgrad | None), computing only what is asked."""
+    saved_x, x_si, saved_w, w_si, meta = saved
+    check_alive(state, meta)
+    fp8 = bool(meta[0])
+    g2d = _as_2d(grad_out)
+    if fp8:
+        scaler = state.scaler("grad_output", state.recipe, g2d.device)
+        qg = scaler.quantize(g2d)
+        g_op = fp8_operand(qg.data, qg.scale_inv)
+        scaler.update()
+    else:
+        g_op = g2d
+    dgrad = wgrad = bgrad = None
+    if need_dgrad:
+        w_op = _operand(saved_w, w_si, fp8)
+        dgrad = gemm(state.label, "dgrad", g_op, w_op, fp8).to(grad_out.dtype)
+        dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
+    if need_wgrad:
+        x_op = _operand(saved_x, x_si, fp8)
+        wgrad = wgrad_thunk(state.label, g_op, x_op, fp8)
+        wgrad = wgrad if defer_wgrad else wgrad()
+    if need_bgrad:
+        bgrad = bias_grad(state.label, g2d).to(grad_out.dtype)
+    if state.free_saved:
+        free(meta)
+    return dgrad, wgrad, bgrad
+
+
+def wgrad_thunk(label: str, g_op: torch.Tensor, x_op: torch.Tensor, fp8: bool) -> Callable[[], torch.Tensor]:
+    """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute)."""
+    return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8)

@@ -1,0 +1,218 @@
+"""tex for the block-scaled quantizers: casts into TE's storages, dequantize, GEMM operands, the transposes.
+
+The formats' rules live in mxfp8.py, block_fp8.py and nvfp4.py; this module places their bytes where TE's Python
+reads them (block_storage.py) and follows TE 2.20.2's C++ for the rest (csrc/quantizer.cpp quantize_impl,
+csrc/extensions/gemm.cpp, transpose.cpp, common/cast/dispatch/dequantize.cuh).
+
+Stochastic rounding (NVFP4 gradients): TE's C++ takes a Philox seed and offset from the default CUDA generator
+per quantization, a separate state for the columnwise copy. Here each direction draws a 63-bit seed from the
+emulated device's default generator (torch.cuda's, which on the emulated device is torch's default generator, so
+torch.manual_seed or torch.cuda.manual_seed make a run repeatable) and takes one random byte per element from a
+torch.Generator seeded with it. The bits differ from a GPU's; the rounding rule is TE's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from te_verify.te.tecpu import block_fp8, block_scales, block_storage, device, mxfp8, nvfp4
+from te_verify.te.tecpu.block_scales import tensor_amax
+from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.te_classes import te_class
+
+STORAGE_KINDS = {"MXFP8TensorStorage": "MXFP8Quantizer", "Float8BlockwiseQTensorStorage": "Float8BlockQuantizer",
+                 "NVFP4TensorStorage": "NVFP4Quantizer"}
+
+
+def random_bytes(shape: tuple[int, ...]) -> torch.Tensor:
+    """One random byte per element from a generator seeded off the emulated device's default generator."""
+    seed = int(torch.randint(0, 2 ** 63 - 1, (), device=device.EMULATED))
+    generator = torch.Generator(device=device.EMULATED).manual_seed(seed)
+    return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8, device=device.EMULATED)
+
+
+def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch.Tensor | None) -> Any:
+    """tex.quantize with a block-scaled quantizer (src contiguous)."""
+    if kind == "NVFP4Quantizer":
+        block_storage.check_nvfp4_options(q)
+    shape = tuple(src.shape)
+    if output is None:
+        output = block_storage.allocate(kind, q, shape, src.dtype, src)
+    else:
+        shape = block_storage.coerce(kind, q, output)
+    if src.numel() == 0 or (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
+        return output
+    x = src.reshape(block_storage.dims2(shape))
+    {"MXFP8Quantizer": _mxfp8, "Float8BlockQuantizer": _block, "NVFP4Quantizer": _nvfp4}[kind](q, x, output, shape)
+    return output
+
+
+def _mxfp8(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
+    dtype, swizzled = device.torch_dtype(q.dtype), out._with_gemm_swizzled_scales
+    for usage, columnwise, data, scales in ((q.rowwise_usage, False, "_rowwise_data", "_rowwise_scale_inv"),
+                                            (q.columnwise_usage, True, "_columnwise_data", "_columnwise_scale_inv")):
+        if usage:
+            values, e = mxfp8.quantize(x, dtype, columnwise, q.with_2d_quantization)
+            getattr(out, data).copy_(values.reshape(shape))
+            block_scales.store(getattr(out, scales), e, swizzled, transposed=columnwise)
+
+
+def _block(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
+    """GEMM-ready layouts: 1D scale_inv stored transposed ([k_block, m]); 2D as [m_tile, k_tile], its columnwise
+    twin transposed; columnwise data transposed."""
+    dtype, two_d = device.torch_dtype(q.dtype), q.block_scaling_dim == 2
+    args = (dtype, two_d, q.force_pow_2_scales, q.amax_epsilon)
+    rows = block_fp8.quantize(x, *args)
+    if q.rowwise_usage:
+        out._rowwise_data.copy_(rows[0].reshape(shape))
+        block_scales.store(out._rowwise_scale_inv, rows[1] if two_d else rows[1].t(), swizzled=False)
+    if q.columnwise_usage:
+        data, scale_inv = (rows[0].t(), rows[1]) if two_d else block_fp8.quantize(x.t(), *args)
+        out._columnwise_data.copy_(data.reshape(out._columnwise_data.shape))
+        block_scales.store(out._columnwise_scale_inv, scale_inv.t(), swizzled=False)
+
+
+def _nvfp4(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
+    """Rowwise: amax(x); columnwise: x^T, after the RHT when the quantizer has it (its amax then post-RHT)."""
+    if q.with_rht and x.dtype != torch.bfloat16:
+        raise RuntimeError(f"RHT is only supported for bfloat16 input, got {x.dtype}")
+    if q.with_rht and not q.with_post_rht_amax:
+        raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
+    amax = tensor_amax(x).reshape(1)
+    swizzled = out._with_gemm_swizzled_scales
+    if q.rowwise_usage:
+        bits = random_bytes(tuple(x.shape)) if q.stochastic_rounding else None
+        data, scales = nvfp4.quantize(x, amax, q.with_2d_quantization, bits)
+        out._amax_rowwise.copy_(amax)
+        out._rowwise_data.copy_(data.reshape(out._rowwise_data.shape))
+        block_scales.store(out._rowwise_scale_inv, scales, swizzled)
+    if q.columnwise_usage:
+        x_t = nvfp4.hadamard(x.t().contiguous(), q.rht_matrix) if q.with_rht else x.t()
+        amax_t = tensor_amax(x_t).reshape(1) if q.with_rht else amax
+        bits = random_bytes(tuple(x_t.shape)) if q.stochastic_rounding else None
+        data, scales = nvfp4.quantize(x_t, amax_t, q.with_2d_quantization, bits)
+        out._amax_columnwise.copy_(amax_t)
+        out._columnwise_data.copy_(data)
+        block_scales.store(out._columnwise_scale_inv, scales, swizzled)
+
+
+def kind_of(t: Any) -> str | None:
+    """The quantizer kind of a block-scaled storage, None for anything else."""
+    return next((k for name, k in STORAGE_KINDS.items() if isinstance(t, te_class(name))), None)
+
+
+def _fp8_values(t: Any, columnwise: bool) -> torch.Tensor:
+    """An MXFP8 storage's fp32 values (logical shape, 2-D) from one direction's data and scales."""
+    data = t._columnwise_data if columnwise else t._rowwise_data
+    m, k = block_storage.dims2(tuple(data.shape))
+    rows, cols = (m // mxfp8.BLOCK, k) if columnwise else (m, k // mxfp8.BLOCK)
+    buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
+    scales = block_scales.load(buffer, rows, cols, t._with_gemm_swizzled_scales, transposed=columnwise)
+    return mxfp8.dequantize(data.reshape(m, k), scales, device.torch_dtype(t._fp8_dtype), columnwise)
+
+
+def _nvfp4_products(t: Any, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed data, compact scales, amax) of one direction of an NVFP4 storage, in its stored orientation."""
+    data = t._columnwise_data if columnwise else t._rowwise_data
+    data = data.reshape(-1, data.shape[-1])
+    buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
+    scales = block_scales.load(buffer, data.shape[0], data.shape[1] * 2 // nvfp4.BLOCK, t._with_gemm_swizzled_scales)
+    return data, scales, (t._amax_columnwise if columnwise else t._amax_rowwise)
+
+
+def dequantize(t: Any, otype: torch.dtype) -> torch.Tensor:
+    """tex.dequantize of an MXFP8 (sm100+, rowwise data if present) or NVFP4 (rowwise) storage."""
+    kind = kind_of(t)
+    if kind == "Float8BlockQuantizer":  # TE's Python dequantizes these itself; the C++ dispatch has no case
+        raise RuntimeError(f"Not implemented scaling mode: NVTE_BLOCK_SCALING_{'2D' if t._is_2D_scaled else '1D'}.")
+    shape = block_storage.logical_shape(kind, t)
+    if kind == "MXFP8Quantizer":
+        if device.sm_arch() < 100:
+            raise RuntimeError("MXFP8 Dequantization is NOT supported by architectures < 10.0")
+        return _fp8_values(t, columnwise=t._rowwise_data is None).reshape(shape).to(otype)
+    if t._rowwise_data is None:
+        raise RuntimeError("Cannot dequantize NVFP4 tensor without rowwise data.")
+    data, scales, amax = _nvfp4_products(t, columnwise=False)
+    return nvfp4.dequantize(data, scales, amax).reshape(shape).to(otype)
+
+
+def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(the operand's logical 2-D matrix with its block scales applied, fp32; its per-tensor factor; its kind) from
+    the copy the GEMM reads: rowwise for A transposed / B not transposed, else columnwise (gemm.cpp
+    swizzle_scales_for_gemm(A, transa, !transa), (B, !transb, transb))."""
+    kind = kind_of(t)
+    _check_capability(kind)
+    data = t._rowwise_data if use_rowwise else t._columnwise_data
+    if data is None:
+        raise RuntimeError(f"Input {name} is missing {'row' if use_rowwise else 'column'}-wise usage")
+    one = torch.ones((), dtype=torch.float32, device=device.EMULATED)
+    if kind == "MXFP8Quantizer":
+        return _fp8_values(t, columnwise=not use_rowwise), one, kind
+    if kind == "NVFP4Quantizer":
+        data, scales, amax = _nvfp4_products(t, columnwise=not use_rowwise)
+        products = nvfp4.block_products(data, scales)
+        return (products if use_rowwise else products.t()), nvfp4.per_tensor_factor(amax), kind
+    return _block_values(t, use_rowwise), one, kind
+
+
+def _block_values(t: Any, use_rowwise: bool) -> torch.Tensor:
+    data = t._rowwise_data if use_rowwise else t._columnwise_data
+    data = data.reshape(-1, data.shape[-1]) if use_rowwise else data.reshape(data.shape[0], -1)
+    buffer = t._rowwise_scale_inv if use_rowwise else t._columnwise_scale_inv
+    m, k = data.shape
+    blocks = -(-k // block_fp8.BLOCK)
+    scale_inv = buffer[:-(-m // block_fp8.BLOCK), :blocks] if t._is_2D_scaled else buffer[:blocks, :m].t()
+    if device.sm_arch() >= 100 and not _powers_of_two(scale_inv):
+        refuse("an FP8 block-scaling GEMM with non-power-of-2 scales on sm100 (TE converts it to MXFP8)")
+    values = block_fp8.dequantize(data, scale_inv, device.torch_dtype(t._fp8_dtype), t._is_2D_scaled)
+    return values if use_rowwise else values.t()
+
+
+def _powers_of_two(x: torch.Tensor) -> bool:
+    """Every value 0 or +-2^k (fp32 subnormals included)."""
+    return bool(((torch.frexp(x).mantissa.abs() == 0.5) | (x == 0)).all())
+
+
+def _check_capability(kind: str) -> None:
+    arch, name = device.sm_arch(), device.capability_name()
+    if kind in ("MXFP8Quantizer", "NVFP4Quantizer") and arch < 100:
+        refuse(f"a {kind.removesuffix('Quantizer')} GEMM on emulated {name} (cuBLASLt's block-scaled GEMMs need sm100)")
+    if kind == "Float8BlockQuantizer" and arch < 90:
+        refuse(f"an FP8 block-scaling GEMM on emulated {name} (TE needs sm90)")
+
+
+def fp8_transpose(input: torch.Tensor, dtype: Any, out: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002
+    """tex.fp8_transpose: the bytes of a (..., N) tensor as (N, ...) (last dim first), into `out` if given."""
+    m, n = block_storage.dims2(tuple(input.shape))
+    result = input.reshape(m, n).t().reshape(n, *input.shape[:-1])
+    if out is None:
+        return result.contiguous()
+    out.copy_(result.reshape(out.shape))
+    return out
+
+
+def nvfp4_data_transpose(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002
+    """tex.nvfp4_data_transpose: packed (M, K/2) as packed (K, M/2), nibbles repacked."""
+    if input.dim() != 2:
+        raise RuntimeError("NVFP4 transpose expects 2D input (packed storage).")
+    if input.shape[0] % 2:
+        raise RuntimeError(f"NVFP4 transpose requires M ({input.shape[0]}) to be even.")
+    result = nvfp4.pack(nvfp4.unpack(input).t().contiguous())
+    if out is None:
+        return result
+    if tuple(out.shape) != tuple(result.shape):
+        raise RuntimeError("Output shape mismatch for NVFP4 transpose.")
+    return out.copy_(result)
+
+
+def nvfp4_2d_scale_transpose(input: torch.Tensor, output: torch.Tensor,  # noqa: A002 -- pybind's argument names
+                             M_tiles: int, K_tiles: int) -> None:  # noqa: N803
+    """tex.nvfp4_2d_scale_transpose: rowwise [M_padded, K_tiles] scales of 16x16 tiles (each tile's scale on its 16
+    rows) as columnwise [K_padded, M_tiles] (each on its 16 columns' rows)."""
+    if input.dim() != 2 or output.dim() != 2:
+        raise RuntimeError("NVFP4 scale transpose expects 2D input.")
+    if input.dtype != torch.uint8 or output.dtype != torch.uint8:
+        raise RuntimeError("NVFP4 scale transpose input must be uint8 (E4M3).")
+    tiles = input[0:M_tiles * nvfp4.BLOCK:nvfp4.BLOCK, :K_tiles]  # (M_tiles, K_tiles)
+    output[:K_tiles * nvfp4.BLOCK, :M_tiles] = tiles.t().repeat_interleave(nvfp4.BLOCK, 0)

@@ -1,0 +1,197 @@
+"""tex's GEMMs in PyTorch: generic_gemm and te_general_grouped_gemm, with TE's layouts and epilogues.
+
+Row-major reading of TE's cuBLAS call: out = op(B) @ op(A), op transposing where the flag says "T"
+(fprop "TN": x @ W^T; dgrad "NN": dy @ W; wgrad "NT": dy^T @ x). Per-tensor FP8 operands follow
+CanonicalizeGemmInput (common/gemm/cublaslt_gemm.cu): on a TN-only device (sm90) an operand used untransposed
+(A) or transposed (B) must come from its columnwise (explicitly transposed) copy, and an FP8 GEMM needs its
+leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 values are multiplied
+exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
+precision fast accumulation is not modelled. Block-scaled operands (MXFP8, FP8 block scaling, NVFP4) are read from
+the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
+block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (NVFP4's
+amax / (6 * 448); 1 for the others). Epilogues: bias add (forward), bias gradient = column sums of B
+(grad=True); GELU and comm+GEMM overlap are refused.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from te_verify.te.tecpu import block_quantize, device
+from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
+from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.te_classes import shape_of, te_class
+
+
+def _is_fp8(t: Any) -> bool:
+    return isinstance(t, te_class("Float8TensorStorage"))
+
+
+def _untranspose(t: torch.Tensor) -> torch.Tensor:
+    """A columnwise copy (last dim first) back to the logical 2-D matrix."""
+    return t.reshape(t.shape[0], -1).t()
+
+
+def _fp8_operand(t: Any, name: str, use_columnwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logical 2-D FP8 values as fp32, scale_inv) from the copy TE's GEMM would read."""
+    if use_columnwise:
+        if t._transpose is None or t._transpose_invalid:  # type_converters.cpp passes only a valid transpose
+            raise RuntimeError(f"Input {name} is missing column-wise usage")
+        data = _untranspose(t._transpose)
+    else:
+        if t._data is None:
+            raise RuntimeError(f"Input {name} is missing row-wise usage")
+        data = t._data.reshape(-1, t._data.shape[-1])
+    return data.view(fp8_torch_dtype(t._fp8_dtype)).float(), t._scale_inv.float().reshape(())
+
+
+Operand = tuple[torch.Tensor, "torch.Tensor | None", "str | None"]
+
+
+def _operand(t: Any, name: str, trans: bool) -> Operand:
+    """The logical 2-D operand (as stored, before op()), its scale factor and format when quantized."""
+    wants_columnwise = (not trans) if name == "A" else trans
+    if _is_fp8(t):
+        # sm90: A untransposed / B transposed come from the columnwise copy (the rest from rowwise data, which must
+        # exist); sm100 reads the rowwise data, or the columnwise copy when there is none.
+        columnwise = t._data is None if device.non_tn_fp8_gemm() else wants_columnwise
+        return (*_fp8_operand(t, name, columnwise), "Float8")
+    if block_quantize.kind_of(t) is not None:
+        return block_quantize.gemm_operand(t, name, use_rowwise=not wants_columnwise)
+    if isinstance(t, te_class("QuantizedTensorStorage")):
+        refuse(f"tex GEMM on a {type(t).__name__} operand")
+    return t.reshape(-1, t.shape[-1]), None, None
+
+
+def _check_fp8_ld(a: torch.Tensor, b: torch.Tensor, transa: bool, transb: bool) -> None:
+    """cuBLAS's FP8 leading-dimension rule as TE checks it (after canonicalization both are TN: lda = ldb = k)."""
+    k = a.shape[1] if transa else a.shape[0]
+    if k % 16:
+        raise RuntimeError("Leading dimension requirement on A for FP8 GEMM. Caller must pad.")
+
+
+def output_shape(a_shape: tuple, transa: bool, b_shape: tuple, transb: bool) -> list[int]:
+    """getGemmOutputShape (csrc/extensions/gemm.cpp): B's leading dims unflattened, then A's output dim."""
+    a0, a1 = _dims2(a_shape)
+    b0, b1 = _dims2(b_shape)
+    if (a1 if transa else a0) != (b0 if transb else b1):
+        raise RuntimeError(f"Invalid matrix dimensions for GEMM (A=({a0},{a1}), transa={int(transa)}, "
+                           f"B=({b0},{b1}), transb={int(transb)})")
+    lead = [b1] if transb else list(b_shape[:-1])
+    return lead + [a0 if transa else a1]
+
+
+def _dims2(shape: tuple) -> tuple[int, int]:
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows, shape[-1]
+
+
+def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.Tensor:
+    """op(B) @ op(A) in fp32; quantized operands multiplied as their (block-scaled) values, then scaled by both
+    per-tensor factors (scale_inv_A * scale_inv_B)."""
+    (a, a_si, a_format), (b, b_si, b_format) = a_op, b_op
+    if (a_si is None) != (b_si is None):
+        refuse("a GEMM mixing FP8 and high-precision operands")
+    if a_format != b_format:
+        refuse(f"a GEMM mixing {a_format} and {b_format} operands")
+    if a_format == "Float8":
+        _check_fp8_ld(a, b, transa, transb)
+    opa = a.float().t() if transa else a.float()
+    opb = b.float().t() if transb else b.float()
+    result = opb @ opa
+    return result * (a_si * b_si) if a_si is not None else result
+
+
+def _out_dtype(output_dtype: Any, A: Any) -> torch.dtype:
+    if output_dtype is not None:
+        return device.torch_dtype(output_dtype)
+    if isinstance(A, te_class("QuantizedTensorStorage")):
+        refuse("generic_gemm of quantized operands without an output dtype")
+    return A.dtype
+
+
+def _write(result: torch.Tensor, D: torch.Tensor | None, shape: list[int], dtype: torch.dtype,
+           accumulate: bool, beta: float) -> torch.Tensor:
+    result = result.reshape(shape)
+    if D is None:
+        return result.to(dtype)
+    if list(D.shape) != shape:
+        raise RuntimeError(f"GEMM output has invalid dims (expected {shape}, got {list(D.shape)})")
+    if D.dtype != dtype:
+        raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
+    D.copy_(result + beta * D.float() if accumulate else result)
+    return D
+
+
+def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: Any, output_dtype: Any,
+                 bias: torch.Tensor | None, bias_type: Any, gelu: bool, gelu_in: Any, grad: bool,
+                 workspace: torch.Tensor, workspace_size: int, accumulate: bool, use_split_accumulator: bool,
+                 comm_overlap: Any = None, comm_type: Any = None, extra_output: Any = None,
+                 bulk_overlap: bool = False, alpha: float = 1.0, beta: float | None = None) -> list:
+    """tex.generic_gemm: returns [D, bias_grad, pre_gelu_out, extra_output] as TE's C++ does."""
+    if comm_overlap is not None or bulk_overlap:
+        refuse("generic_gemm with comm+GEMM overlap (userbuffers)")
+    if gelu:
+        refuse("generic_gemm with a GELU epilogue")
+    beta = (1.0 if accumulate else 0.0) if beta is None else beta
+    if not accumulate and beta != 0.0:
+        raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor. "
+                           "Beta has nothing to be applied to.")
+    shape = output_shape(shape_of(A), transA, shape_of(B), transB)
+    dtype = _out_dtype(output_dtype, A)
+    if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
+        raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
+    b_op = _operand(B, "B", transB)
+    result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
+    bias_grad = None
+    if bias is not None and grad:
+        values = b_op[0] * b_op[1] if b_op[1] is not None else b_op[0].float()
+        bias_grad = values.sum(0).to(dtype)
+    elif bias is not None and bias.numel():
+        result = result + bias.float()
+    if quantizer is not None:
+        if accumulate or D is not None:
+            refuse("generic_gemm quantizing its output into an existing or accumulated D")
+        return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, None, extra_output]
+    return [_write(result, D, shape, dtype, accumulate, beta), bias_grad, None, extra_output]
+
+
+def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: list | None, D_type: Any,
+                            m_splits: list[int], bias: list, bias_type: Any, single_output: bool,
+                            pre_gelu_out: list, grad: bool, workspace: list, workspaceSize: int,
+                            accumulate: bool, use_split_accumulator: bool, math_sm_count: int = 0) -> list:
+    """tex.te_general_grouped_gemm: one GEMM per group into D[i] (or consecutive slices of D[0])."""
+    if single_output and D is None:
+        raise RuntimeError("not implemented, D should be allocated for single output case.")
+    if any(t.numel() for t in pre_gelu_out):
+        refuse("te_general_grouped_gemm with a GELU epilogue")
+    dtype = device.torch_dtype(D_type)
+    offset = 0
+    for i, (a, b) in enumerate(zip(A, B)):
+        shape = output_shape(shape_of(a), transa, shape_of(b), transb)
+        rows = shape[0] * shape[1] if len(shape) == 2 else None
+        if single_output:
+            out = D[0].reshape(-1)[offset:offset + rows].view(shape) if rows else None
+            offset += rows or 0
+        else:
+            out = D[i] if D is not None else None
+        if math.prod(shape_of(a)) == 0 or math.prod(shape_of(b)) == 0:  # TE's storages have no numel()
+            if out is not None and out.numel() and not accumulate:
+                out.zero_()
+            if bias[i].numel() and grad:
+                bias[i].zero_()
+            continue
+        b_op = _operand(b, "B", transb)
+        result = product(_operand(a, "A", transa), transa, b_op, transb)
+        if bias[i].numel() and grad:
+            bias[i].copy_((b_op[0] * b_op[1] if b_op[1] is not None else b_op[0].float()).sum(0))
+        elif bias[i].numel():
+            result = result + bias[i].float()
+        written = _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)
+        if D is not None and not single_output:
+            D[i] = written
+    return bias

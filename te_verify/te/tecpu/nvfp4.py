@@ -1,0 +1,129 @@
+"""NVFP4: E2M1 elements (two per byte), an E4M3 scale per 16 elements and an fp32 per-tensor scale.
+
+Two-level scaling as TE documents it (NVFP4BlockScaling; custom_recipes/reference_nvfp4.py) and TE 2.20.2's kernels
+compute it in fp32 (common/cast/nvfp4/core_nvfp4.cuh, quantize_transpose_nvfp4.cuh, dequantize_nvfp4.cuh):
+- per tensor: S_enc = 448 * 6 / amax (capped at fp32's max; 1 when amax is 0 or the quotient is 0), S_dec = 1/S_enc;
+- per block: s_b = e4m3(min(block_amax * (S_enc * fp32(1/6)), fp32 max)), saturating to 448 (stored as E4M3 bits);
+- elements: q = e2m1(x * min(1 / (s_b * S_dec), fp32 max)), round to nearest even on the E2M1 grid
+  {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating to 6 (ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+  5 -> 4); the sign kept (codes 8-15 are the negatives, -0 is 8); NaN -> +6, as TE's software fallback of the
+  saturating cvt has it (common/util/ptx.cuh stochastic_round_fp4_e2m1);
+- stochastic rounding (gradients): TE's stochastic_round_fp4_e2m1 with 8 random bits u per element:
+  t = |x| + (u / 256) * step(|x|), q = min(floor(t / step(t)) * step(t), 6), the sign of x (step 0.5 below 2, 1 in
+  [2, 4), 2 from 4);
+- packing: element 2i in the low nibble, 2i+1 in the high nibble (reference_nvfp4.cast_to_fp4x2);
+- dequantization: q * (float(s_b) * amax * fp32(1 / (6 * 448))) (dequantize_nvfp4.cuh).
+1D blocks are 1x16 along the last dim; the columnwise copy is the transposed tensor quantized the same way (16x1
+blocks of the original). 2D quantization (weights): one block amax per 16x16 tile, stored per 1x16 block of each
+direction. The random Hadamard transform (RHT) applies to the columnwise copy only: each run of 16 consecutive
+elements of a row of x^T becomes v @ (diag(signs) @ H16 / 4) (the quantizer's bf16 rht_matrix), computed in fp32
+and rounded to bf16 (the kernels' intermediate), and the columnwise amax is taken after it.
+"""
+from __future__ import annotations
+
+import torch
+
+from te_verify.te.tecpu import block_scales
+
+BLOCK = 16
+E2M1_MAX, E4M3_MAX = 6.0, 448.0
+FP32_MAX = torch.finfo(torch.float32).max
+GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+# Round half to even: a value halfway between codes n and n+1 goes up when n is odd.
+TIES_UP = torch.tensor([False, True, False, True, False, True, False])
+RCP_6 = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32)  # fp4_max_inv, an fp32 constant
+RCP_6_448 = torch.tensor(1.0 / (E2M1_MAX * E4M3_MAX), dtype=torch.float32)  # dequantize's factor_inv
+
+
+def _with_sign(magnitude_code: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    negative = torch.signbit(x) & ~torch.isnan(x)
+    return (magnitude_code + 8 * negative.to(magnitude_code.dtype)).to(torch.uint8)
+
+
+def encode_nearest(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (0-15) of fp32 values: round to nearest even, saturating; NaN -> +6."""
+    a = x.abs().unsqueeze(-1)
+    code = (a > MIDPOINTS).sum(-1) + ((a == MIDPOINTS) & TIES_UP).sum(-1)
+    code = torch.where(torch.isnan(x), 7, code)
+    return _with_sign(code, x)
+
+
+def _step(a: torch.Tensor) -> torch.Tensor:
+    return torch.where(a >= 4.0, 2.0, torch.where(a >= 2.0, 1.0, 0.5))
+
+
+def encode_stochastic(x: torch.Tensor, random_bytes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes by stochastic rounding with one random byte per element (ptx.cuh stochastic_round_fp4_e2m1)."""
+    a = x.abs()
+    t = a + (random_bytes.float() * (1.0 / 256.0)) * _step(a)
+    step_t = _step(t)
+    q = torch.clamp(torch.floor(t / step_t) * step_t, max=E2M1_MAX).nan_to_num(nan=E2M1_MAX)
+    return _with_sign(torch.bucketize(q.contiguous(), GRID), x)
+
+
+def decode(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 values of E2M1 codes."""
+    magnitude = GRID[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """(R, C) codes as (R, C/2) bytes: element 2i in the low nibble."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+
+
+def unpack(data: torch.Tensor) -> torch.Tensor:
+    """(R, C/2) bytes as (R, C) codes."""
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)
+
+
+def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """compute_global_encode_scaling_factor_FP4: S_enc = 448 * 6 / amax (fp32), capped; 1 for amax 0 or S_enc 0."""
+    amax = amax.float().reshape(())
+    scale = torch.minimum(torch.tensor(E4M3_MAX * E2M1_MAX) / amax, torch.tensor(FP32_MAX))
+    return torch.where((amax == 0) | (scale == 0), torch.tensor(1.0), scale)
+
+
+def block_decode_scales(block_amax: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """compute_decoding_scaling_factor: E4M3 (as float8_e4m3fn) of block_amax * (S_enc / 6), saturating."""
+    s_dec_b = torch.minimum(block_amax * (s_enc * RCP_6), torch.tensor(FP32_MAX))
+    return s_dec_b.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize(x: torch.Tensor, amax: torch.Tensor, two_d: bool = False,
+             random_bytes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2-D fp32 tensor (dims divisible by 16) under the per-tensor amax `amax` as (packed E2M1 (M, K/2);
+    compact E4M3 scale bytes (M, K/16)); stochastic rounding when random bytes (one per element) are given."""
+    xf = x.float()
+    s_enc = global_encode_scale(amax)
+    s_dec = torch.reciprocal(s_enc)
+    rows = BLOCK if two_d else 1
+    tile_amax = block_scales.block_amax(xf, rows, BLOCK)
+    s_b = block_decode_scales(tile_amax, s_enc)
+    inverse = torch.minimum(torch.reciprocal(s_b.float() * s_dec), torch.tensor(FP32_MAX))
+    scaled = xf * block_scales.expand(inverse, rows, BLOCK)
+    codes = encode_nearest(scaled) if random_bytes is None else encode_stochastic(scaled, random_bytes)
+    return pack(codes), s_b.view(torch.uint8).repeat_interleave(rows, 0)
+
+
+def dequantize(data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """fp32 values of packed E2M1 (M, K/2) with compact E4M3 scale bytes (M, K/16) and the per-tensor amax."""
+    factor = scales.view(torch.float8_e4m3fn).float() * amax.float().reshape(()) * RCP_6_448
+    return decode(unpack(data)) * block_scales.expand(factor, 1, BLOCK)
+
+
+def block_products(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """q * s_b in fp32 (exact): what a block-scaled GEMM multiplies before the per-tensor factor."""
+    return decode(unpack(data)) * block_scales.expand(scales.view(torch.float8_e4m3fn).float(), 1, BLOCK)
+
+
+def per_tensor_factor(amax: torch.Tensor) -> torch.Tensor:
+    """amax / (6 * 448): a GEMM operand's per-tensor decode factor (the product of two is cuBLAS's alpha)."""
+    return amax.float().reshape(()) * RCP_6_448
+
+
+def hadamard(x_t: torch.Tensor, rht_matrix: torch.Tensor) -> torch.Tensor:
+    """The RHT of the transposed bf16 input (K, M): 16-element runs of each row times rht_matrix, fp32 -> bf16."""
+    out = x_t.float().reshape(-1, BLOCK) @ rht_matrix.float()
+    return out.reshape(x_t.shape).to(torch.bfloat16)

@@ -1,0 +1,133 @@
+"""Boot TE's real Python layer on a CPU machine over the tex emulation.
+
+1. The installed `transformer-engine` version must be one the emulation serves (>= MIN_TE_VERSION, with a
+   generated surface); otherwise one line says which version and what would work.
+2. Every `transformer_engine.*` module is loaded through rewrite.TEFinder (CUDA touch points rewritten, TE's
+   triton kernels stubbed strictly).
+3. TE's own switch NVTE_PROJECT_BUILDING (common/__init__.py) skips its ctypes loading of the CUDA libraries,
+   and `common.load_framework_extension` is replaced, as soon as that module has executed, by one that
+   installs the emulated `transformer_engine_torch` instead of loading the .so.
+4. `transformer_engine.pytorch` is imported; nothing else of the process is changed.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import os
+import sys
+import types
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from te_verify.te.tecpu import cuda, device, rewrite, surface, tex
+
+MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
+# The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
+# TE accepts is TE's own check against the emulated capability.
+QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, "
+              "NVFP4BlockScaling (MXFP8 and NVFP4 need sm100; NVFP4 stochastic rounding from a seeded generator)")
+
+
+def describe(te_version: str, capability: str) -> str:
+    """The report header's line for TE's Python over the emulation."""
+    return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
+            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda; {QUANTIZERS}")
+
+
+class BootError(RuntimeError):
+    """TE cannot be served over the emulation here; the message is one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class BootInfo:
+    """What ran, for the report header."""
+
+    # The transformer-engine version whose Python layer was imported, and where from.
+    te_version: str
+    te_path: str
+    # The emulated compute capability ("sm90").
+    capability: str
+    # The sdist the tex surface was generated from.
+    surface_source: str
+    # Rewritten CUDA touch points by rule, and the stubbed triton modules.
+    rewrites: dict[str, int]
+    stubbed_modules: tuple[str, ...]
+
+    @property
+    def header(self) -> str:
+        return describe(self.te_version, self.capability)
+
+
+_BOOTED: list[BootInfo] = []
+_LOG = rewrite.RewriteLog()
+
+
+def installed_te_version() -> str:
+    try:
+        return importlib.metadata.version("transformer_engine")
+    except importlib.metadata.PackageNotFoundError:
+        raise BootError("transformer-engine is not installed: `pip install --no-deps transformer-engine==2.20.2` "
+                        "(scripts/bootstrap.sh does), or run with --te-impl reference") from None
+
+
+def check_version(te_version: str) -> surface.Surface:
+    if Version(te_version) < Version(MIN_TE_VERSION):
+        raise BootError(f"TE {te_version} predates the tex boundary the emulation serves (>= {MIN_TE_VERSION}): "
+                        f"install transformer-engine>={MIN_TE_VERSION} with --no-deps, or run with --te-impl reference")
+    try:
+        return surface.load(te_version)
+    except surface.SurfaceError as exc:
+        raise BootError(str(exc)) from None
+
+
+def _load_framework_extension(framework: str) -> None:
+    """Replaces common.load_framework_extension: the extension is the emulation, already in sys.modules."""
+    if framework != "torch":
+        raise ImportError(f"te_verify.te.tecpu emulates only TE's PyTorch extension, not {framework}'s")
+    module = sys.modules.get(tex.MODULE_NAME)
+    if module is None or not (module.__doc__ or "").startswith("te_verify.te.tecpu"):
+        raise ImportError("te_verify.te.tecpu: transformer_engine_torch is not the emulation")
+
+
+def _patch_common(module: types.ModuleType) -> None:
+    module.load_framework_extension = _load_framework_extension
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
+    """Import TE's Python layer over the emulation (once per process; later calls return the same info)."""
+    if _BOOTED:
+        if _BOOTED[0].capability != capability:
+            raise BootError(f"TE was booted as {_BOOTED[0].capability} in this process; cannot switch to {capability}")
+        return _BOOTED[0]
+    if "transformer_engine.pytorch" in sys.modules or tex.MODULE_NAME in sys.modules:
+        raise BootError("transformer_engine.pytorch was imported before te_verify.te.tecpu booted it; boot first")
+    te_version = installed_te_version()
+    tex_surface = check_version(te_version)
+    device.configure(capability)
+    sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
+    rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common})
+    with _env("NVTE_PROJECT_BUILDING", "1"):
+        te = importlib.import_module("transformer_engine.pytorch")
+    info = BootInfo(te_version, os.path.dirname(os.path.dirname(te.__file__)), capability, tex_surface.source,
+                    _LOG.by_rule(), tuple(_LOG.stubbed_modules))
+    _BOOTED.append(info)
+    return info
+
+
+def booted() -> BootInfo | None:
+    return _BOOTED[0] if _BOOTED else None

@@ -1,0 +1,77 @@
+"""The emulated `transformer_engine_torch` module: one TE version's surface, a PyTorch body where emulated.
+
+Every name of the version's surface exists (TE imports many at module level); enums carry the version's
+values; functions the emulation implements run in PyTorch; every other function and class raises when used,
+naming itself and TE's call site (strict.py). Names outside the surface raise AttributeError, as on a GPU.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import types
+from typing import Callable
+
+import torch
+
+from te_verify.te.tecpu import block_quantize, gemm, quantize
+from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
+from te_verify.te.tecpu.surface import Surface
+
+MODULE_NAME = "transformer_engine_torch"
+
+# What the emulation implements: the Linear, GroupedLinear and te.ops Linear paths (fp32, bf16, per-tensor FP8,
+# MXFP8, FP8 block scaling, NVFP4).
+EMULATED: dict[str, Callable] = {
+    "generic_gemm": gemm.generic_gemm,
+    "te_general_grouped_gemm": gemm.te_general_grouped_gemm,
+    "quantize": quantize.quantize,
+    "split_quantize": quantize.split_quantize,
+    "dequantize": quantize.dequantize,
+    "bgrad_quantize": quantize.bgrad_quantize,
+    "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
+    # Columnwise copies made from rowwise ones (2D block-scaled weights: update_usage / _create_columnwise).
+    "fp8_transpose": block_quantize.fp8_transpose,
+    "nvfp4_data_transpose": block_quantize.nvfp4_data_transpose,
+    "nvfp4_2d_scale_transpose": block_quantize.nvfp4_2d_scale_transpose,
+    # Library queries: fixed answers for a recent CUDA stack (TE checks minimum versions with them).
+    "get_num_cublas_streams": lambda: 4,
+    "get_cublasLt_version": lambda: 130000,
+    "get_cudnn_version": lambda: 91400,
+}
+
+
+def _kernel(fn: Callable) -> Callable:
+    """A C++ kernel reads and writes memory outside autograd: run the emulation with grad mode off."""
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return kernel
+
+
+def _enum(name: str, members: dict[str, int]) -> type[enum.IntEnum]:
+    return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]), module=MODULE_NAME)
+
+
+
+
+def build(surface: Surface) -> types.ModuleType:
+    """A fresh module object for `surface` (not yet in sys.modules)."""
+    module = types.ModuleType(MODULE_NAME, f"te_verify.te.tecpu emulation of {MODULE_NAME} for TE {surface.te_version}")
+    for name, members in surface.enums.items():
+        setattr(module, name, _enum(name, members))
+    for name in surface.classes:
+        setattr(module, name, unemulated_class(f"{MODULE_NAME}.{name}"))
+    for name in surface.functions:
+        setattr(module, name, _kernel(EMULATED[name]) if name in EMULATED else UnemulatedFunction(f"{MODULE_NAME}.{name}"))
+    for sub, names in surface.submodules.items():
+        submodule = types.ModuleType(f"{MODULE_NAME}.{sub}")
+        for name in names:
+            setattr(submodule, name, UnemulatedFunction(f"{MODULE_NAME}.{sub}.{name}"))
+        setattr(module, sub, submodule)
+    missing = sorted(set(EMULATED) - set(surface.functions))
+    if missing:
+        raise RuntimeError(f"TE {surface.te_version}'s tex has no {', '.join(missing)}: the emulation targets "
+                           f"another tex boundary")
+    module.__all__ = sorted(n for n in vars(module) if not n.startswith("_"))
+    return module
