@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from te_verify.probes import compare
+from te_verify.run import compare_options as compare
 from te_verify.spec import CaseSpec
 from waste_planted import PlantedBackend
 
