@@ -9,7 +9,7 @@ from te_verify import compat
 from te_verify.distributed.pool.pool import RankPool
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix.dist import MIDDLE, _spec
-from te_verify.spec import TEConfig
+from te_verify.spec import ITERATIONS, TEConfig
 from planted_engines import (megatron_ddp_gathering_frozen_after_step, megatron_ddp_reducing_frozen_grads,
                              megatron_ddp_with_main_grad_for_frozen, megatron_ddp_with_state_for_frozen)
 
@@ -35,11 +35,11 @@ def _failed(verdicts: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("te", [False, True], ids=["torch_linear", "te_linear_fused_wgrad"])
-def test_clean_megatron_ddp_passes_every_check_over_two_steps(pool, te):
+def test_clean_megatron_ddp_passes_every_check_over_its_steps(pool, te):
     verdicts = _verdicts(pool, te=te)
     assert not _failed(verdicts), {k: verdicts[k].message for k in _failed(verdicts)}
     assert {"params_after_steps", "engine_state", "frozen_collectives", "gradient_volume"} <= set(verdicts)
-    assert verdicts["params_after_steps"].figures["steps_compared"] == 2
+    assert verdicts["params_after_steps"].figures["steps_compared"] == ITERATIONS
     assert any(step.startswith("megatron-core-cpu-device") for step in compat.APPLIED)  # the header lists it
     assert verdicts["engine_state"].figures["grad_buffer_bytes"] == verdicts["engine_state"].figures[
         "grad_buffer_bytes_needed"]  # no room for frozen 1.weight, 1.bias

@@ -120,7 +120,7 @@ def test_planted_wrong_output_is_caught_by_output_parity_only(pool):
     verdicts = _planted_ddp(pool, ddp_wrong_output)
     assert verdicts["dist_grad_parity"].ok and verdicts["dist_state_left_behind"].ok
     message = verdicts["dist_output_parity"].message
-    assert "backend ddp rank 0: forward output: max abs err" in message and "ddp rank 1" in message
+    assert "backend ddp rank 0: forward output (iteration 1): max abs err" in message and "ddp rank 1" in message
 
 
 def test_planted_write_into_a_frozen_weight_is_caught_by_state_left_behind(pool):

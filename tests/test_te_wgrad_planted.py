@@ -75,7 +75,16 @@ def _pr_cases() -> list:
     return cases
 
 
-PR_CASES = _pr_cases()
+def _main_grad_case() -> list:
+    """A te.Linear main_grad case without delayed wgrad, beside the pr tier's: the pairwise choice may cover the
+    main_grad pairs with cases the exclusions drop (a frozen weight under delay_wgrad)."""
+    from cases import test_te_contract as family
+
+    spec = next(s for s in family.SPECS("pr") if s.te.module == "linear" and s.te.main_grad and not s.te.delay_wgrad)
+    return [pytest.param(family.test_te_contract, spec, id=f"te_contract-{spec.id}")]
+
+
+PR_CASES = _pr_cases() + _main_grad_case()
 INCLUDED = [c for c in PR_CASES if exclusion(c.values[1]) is None]
 
 

@@ -36,6 +36,7 @@ from te_verify.record import Record
 FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 FLOAT32_MAX = torch.finfo(torch.float32).max
 SCALE_ULPS = 4  # see the module docstring
+HOST = torch.device("cpu")  # the check's own arithmetic, whatever torch's default device is
 
 
 def scales_agree(have: float, want: float) -> bool:
@@ -70,7 +71,7 @@ def recipe_params(spec) -> RecipeParams:
 
 
 def f32(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.float32))
+    return float(torch.tensor(x, dtype=torch.float32, device=HOST))
 
 
 def delayed_scale(amax: float, scale: float, fp8_max: float, margin: int) -> float:
@@ -78,7 +79,7 @@ def delayed_scale(amax: float, scale: float, fp8_max: float, margin: int) -> flo
     scaled_max = f32(f32(fp8_max) * f32(2.0 ** -margin))
     if not (amax > 0 and amax != float("inf")):
         return scale
-    new = float(torch.tensor(scaled_max, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32))
+    new = float(torch.tensor(scaled_max, dtype=torch.float32, device=HOST) / torch.tensor(amax, dtype=torch.float32, device=HOST))
     return FLOAT32_MAX if new == float("inf") else new
 
 
@@ -87,9 +88,9 @@ def current_scale(amax: float, fp8_max: float, power_2: bool, epsilon: float) ->
     amax = max(f32(amax), f32(epsilon)) if amax == amax else amax
     if amax == 0 or amax != amax or amax == float("inf"):
         return 1.0
-    scale = torch.tensor(fp8_max, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)
+    scale = torch.tensor(fp8_max, dtype=torch.float32, device=HOST) / torch.tensor(amax, dtype=torch.float32, device=HOST)
     if torch.isinf(scale):
-        scale = torch.tensor(FLOAT32_MAX, dtype=torch.float32)
+        scale = torch.tensor(FLOAT32_MAX, dtype=torch.float32, device=HOST)
     if power_2:
         scale = (scale.view(torch.int32) & int(0xFF800000 - (1 << 32))).view(torch.float32)
     return float(scale)
