@@ -75,7 +75,7 @@ SMALLEST: dict[str, Smallest] = {
         "cp -r expectations {tmp}/expectations && te-verify expectations update {report} --dir {tmp}/expectations",
         "run.sh's report, into a copy: the checkout's expectations stay as they are"),
     "te-verify report html reports/thunder/results.json": Smallest(
-        "te-verify report html {report}/results.json --out {tmp}/report.html", "run.sh's report"),
+        "te-verify report html {report}/results.json", "run.sh's report"),
     "te-verify report reports/thunder": Smallest("te-verify report {report}", "run.sh's report, re-rendered"),
     "te-verify run --tier smoke --backend eager --report-dir reports/smoke-eager": Smallest(
         None, "run.sh's smallest version is this run, narrowed"),
