@@ -39,7 +39,7 @@ class Wrapped:
     keep: list = field(default_factory=list)
     # The unwrapped model object (set by case_runner.prepare): its linears, in module order, are the oracle's sites.
     model: nn.Module | None = None
-    # A training engine's step (te_verify.training.TrainStep): its backward, finish, optimizer step and state. None for a
+    # A training engine's step (te_verify.training): its backward, finish, optimizer step and state. None for a
     # wrapper that only computes gradients (DDP, FSDP): the lane then runs one plain forward and backward.
     train: TrainStep | None = None
 
