@@ -1,6 +1,6 @@
 """The training step every lane runs: forward and backward of each microbatch (with a case's backward replays),
 the finish a backend or engine needs after the last one, the optimizer step. One core for the single-process
-lanes (runner) and the distributed lane's training engines (distributed.case_runner).
+lanes (runner) and the distributed lane's training engines (distributed.rank.case_runner).
 
 The optimizer is SGD with momentum (LR, MOMENTUM) over the parameters that train when the step runs, so optimizer
 state exists, a wrong gradient moves the parameters, and a frozen parameter must stay bitwise as it was built. A

@@ -20,7 +20,7 @@ ALT = (True, False, True, False)
 STACK = CaseSpec("freeze", (32, 64, 128, 64, 32), ALT, ALT, True, (8,))
 FAMILY = CaseSpec("lora", (32, 32), (), None, True, (2, 8), model=ModelConfig(lora_on=("q", "v")))
 TE_FP8 = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, ALT, True, (16,), te=TEConfig(recipe="delayed"))
-# Figures a row keeps beside verdicts that judge nothing by design (README: a model family's peak is recorded
+# Figures a row keeps beside verdicts that judge nothing by design (docs/checks.md: a model family's peak is recorded
 # beside eager's, with no structural bound).
 FIGURE_ONLY = {("lora", "waste_peak")}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from te_verify.report.summary import selection_lines
-from te_verify.matrix.selection import choose, factors, mask_class, required_pairs, select_pr
+from te_verify.matrix.selection import choose, factors, mask_class, measured_costs, required_pairs, select_pr
 from te_verify.spec import CaseSpec
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
@@ -57,6 +57,13 @@ def test_cost_weighs_the_choice():
     dear_pair, _ = choose([s.id for s in specs], specs, [100.0, 1.0, 1.0, 1.0])
     assert 3 in cheap_pair and 0 in dear_pair  # each pair has one case that covers it: those must stay
     assert len(choose([s.id for s in specs[:1]], specs[:1], [1.0])[0]) == 1  # nothing varies: one case stands
+
+
+
+def test_the_measured_costs_are_read():
+    """The committed cost table is found (te_verify/data/pr_costs.json): without it every case costs the same and the
+    pr tier chooses other cases."""
+    assert len(measured_costs()) > 100
 
 
 def test_the_summary_counts_chosen_cases_that_skipped():

@@ -24,7 +24,7 @@ from te_verify.spec import CaseSpec, TEConfig
 CASES = Path(__file__).resolve().parent.parent / "cases"
 BF16_STACK = next(s for s in FAMILIES["dtype"]("pr")
                   if s.id == "lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in4x6-bf16-r1")
-# The bf16 model-family spec of the pr tier whose largest weight gradient resolves a 1% lean (most do not: README).
+# The bf16 model-family spec of the pr tier whose largest weight gradient resolves a 1% lean (most do not: docs/tolerances.md).
 BF16_FAMILY = next(s for s in litgpt_lora_specs("pr") if s.dtype == "bf16")
 # A TE Linear stack in bf16, high precision: held to its fp64 truth as te_peft's and te_moe's are (verify_te_stack).
 TE_BF16 = CaseSpec("te_peft", NON_SQUARE4, (False,) * 4, (False,) * 4, True, (16,), "bf16", te=TEConfig())
@@ -56,7 +56,7 @@ def test_correct_implementations_written_otherwise_pass(spec, backend):
 
 
 def test_a_one_percent_weight_gradient_in_a_bf16_stack_fails_grad_scale_naming_it():
-    """The stack's normwise bound catches it too (a 1% error is 2.77x eager's there, README): both name it."""
+    """The stack's normwise bound catches it too (a 1% error is 2.77x eager's there, docs/tolerances.md): both name it."""
     checks = checks_of(CaseRun.verify, CaseRun(BF16_STACK, "planted_off_by_1pct", OffByOnePercent()))
     assert "grad of 1.weight leans 1.00" in checks["grad_scale"].message, checks["grad_scale"].message
     assert "grad of 1.weight: error vs the fp64 truth" in checks["grad_parity"].message
@@ -111,7 +111,7 @@ def test_an_fp8_wgrad_one_percent_large_fails_grad_scale_against_the_quantized_t
 
 def test_the_issues_te_lora_case_says_it_cannot_resolve_a_one_percent_lean(te_python):
     """Issue 25's te_lora bf16 case: correct bf16 Llama blocks lean about 1% apart, so every judged gradient's
-    allowance exceeds 1% there (README); the row says so instead of passing silently. Its planted dgrad 1% too large
+    allowance exceeds 1% there (docs/tolerances.md); the row says so instead of passing silently. Its planted dgrad 1% too large
     leans the LoRA gradients it reaches by 0.2-0.9%, within that."""
     figures = te_checks(_lora("all", False, "bf16"))["grad_scale"].figures
     assert figures["grad_scale_gradients"] >= 10 and figures["grad_scale_dispersion"] > 2

@@ -1,4 +1,4 @@
-"""The torchrun entry across two nodes (two torchrun launchers on this machine, gloo on the CPU, as the README's
+"""The torchrun entry across two nodes (two torchrun launchers on this machine, gloo on the CPU, as docs/distributed.md's
 two-node command): rank 0 alone writes the report; a case failing on several ranks names each of them. On one
 node: a planted failing wrapper makes it exit non-zero; expectations apply as in the plugin."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def launch(node_rank: int, port: int, report: Path) -> subprocess.Popen:
-    """One node's torchrun: the README's two-node command with this machine as the master."""
+    """One node's torchrun: docs/distributed.md's two-node command with this machine as the master."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
             "-m", "te_verify.distributed", "--tier", "smoke", "--family", "dist_ddp", "--device", "cpu",

@@ -152,7 +152,7 @@ def test_gpu_runs_cases_on_labelled_self_hosted_runner_one_worker_per_gpu_and_up
     cases = doc["jobs"]["cases"]
     assert cases["runs-on"] == "${{ fromJSON(inputs.labels) }}"
     runs = _job_runs(cases)
-    assert "torch.cuda.device_count()" in runs  # the worker count: one per GPU (README)
+    assert "torch.cuda.device_count()" in runs  # the worker count: one per GPU (docs/gpu.md)
     assert "pytest -n ${{ steps.gpus.outputs.count }} cases/" in runs and "--junitxml=reports/gpu/junit.xml" in runs
     assert "--te-impl transformer_engine --device cuda" in runs and "import transformer_engine.pytorch" in runs
     merged = _job_uses(doc["jobs"]["merge"], "actions/upload-artifact@")

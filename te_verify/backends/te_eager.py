@@ -214,7 +214,7 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
 
 
 def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> torch.nn.Module:
-    """Every LoRA adapter's base (a torch Linear; checks.te_family.te_sites names them in any family) replaced in
+    """Every LoRA adapter's base (a torch Linear; oracle.required.te_sites names them in any family) replaced in
     place by a TE Linear of `api` holding its Parameters and named by the base's qualified name; returns `model`."""
     from te_verify.oracle.required import te_sites
 

@@ -31,7 +31,7 @@ same values) leans both alike, so the backend's lean may exceed eager's by Z sta
 
 with the floor of the normwise bound (TruthBound.floor: one rounding in bf16, eight in fp32, sixteen in FP8), a lean
 it already accepts as a correct result's (TE's FP8 GEMM scales a whole output by one rounded product of scale
-inverses). Z = 6, measured (README, "Tolerances"): over 3,551 gradient fits of correct backends (thunder,
+inverses). Z = 6, measured (docs/tolerances.md): over 3,551 gradient fits of correct backends (thunder,
 torch.compile, another accumulation order, fp64 inside; te_eager, thunder_te) in the pr tier and the nightly bf16
 specs, the worst lean is 0.49 of its allowance (without phi it is 1.26: Z would need 10 and leave a margin of 1.1).
 

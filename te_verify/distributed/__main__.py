@@ -188,7 +188,7 @@ def run_header(args: argparse.Namespace, started: str, places: list[str], specs:
     from te_verify.te import api as te_api
 
     te_impl = {"name": "-", "why": "these cases use torch.nn.Linear"}
-    if any(spec.te is not None for spec in specs):  # TE's Linear under an engine (matrix_engines.te_megatron_specs)
+    if any(spec.te is not None for spec in specs):  # TE's Linear under an engine (matrix.engines.te_megatron_specs)
         impl = te_api.active()
         te_impl = {"name": impl.name, "why": impl.why, "ran": impl.describe}
     return {"run_id": f"torchrun-{os.getpid()}", "started": started, "tier": args.tier, "argv": sys.argv,

@@ -2,7 +2,7 @@
 
 A declaration is an object (or a class instantiated without arguments) with:
 - `name` (str): its rows' backend name and the wrapper part of its case ids;
-- `wrap(model, spec) -> Wrapped` (te_verify.distributed.wrappers.Wrapped): wraps the seeded model inside a rank;
+- `wrap(model, spec) -> Wrapped` (te_verify.distributed.types.Wrapped): wraps the seeded model inside a rank;
 - `shards` (bool): whether it shards parameters (all-gathers them for compute). The checks judge each rank's GEMMs
   and the gathered-parameter timeline by it, as they judge FSDP by being FSDP;
 - `reshards_after_forward` (bool, optional, default `shards`): whether it frees gathered parameters after forward

@@ -39,7 +39,7 @@ class Wrapped:
     keep: list = field(default_factory=list)
     # The unwrapped model object (set by case_runner.prepare): its linears, in module order, are the oracle's sites.
     model: nn.Module | None = None
-    # A training engine's step (distributed.training): its backward, finish, optimizer step and state. None for a
+    # A training engine's step (te_verify.training): its backward, finish, optimizer step and state. None for a
     # wrapper that only computes gradients (DDP, FSDP): the lane then runs one plain forward and backward.
     train: TrainStep | None = None
 
@@ -94,7 +94,7 @@ class Engine:
 
     # Its backend name, the wrapper part of its case ids (spec.dist.wrapper).
     name: str
-    # (seeded model, spec) -> distributed.wrappers.Wrapped with its `train` set; runs inside a rank.
+    # (seeded model, spec) -> Wrapped with its `train` set; runs inside a rank.
     wrap: Callable
     # spec -> whether it shards parameters (all-gathers them for compute).
     shards: Callable[[CaseSpec], bool]

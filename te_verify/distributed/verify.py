@@ -198,7 +198,7 @@ def merge_ranks(name: str, verdicts: list[Verdict]) -> Verdict:
 
 def rank_peaks(result: PoolResult) -> dict:
     """The highest rank's peak memory, forward+backward and backward (a figure: judged through gathered_peak,
-    see the README's audit), and the slowest rank's wrap (the wrapper's or engine's own per-case set-up)."""
+    see docs/checks.md), and the slowest rank's wrap (the wrapper's or engine's own per-case set-up)."""
     done = [o for o in result.results if o is not None]
     return {key: max(o.figures.get(key, 0) for o in done) for key in ("peak_bytes", "peak_backward_bytes", "wrap_s")} \
         if done else {}

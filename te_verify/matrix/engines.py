@@ -4,7 +4,7 @@
 Every case takes spec.iterations optimizer steps (te_verify.training). The grids cross the linear-stack freeze masks
 with each engine's options and microbatches; the pr tier is their pairwise cover (te_verify.matrix.selection). Left out,
 with reasons: all-frozen models (nothing to train: Megatron DDP and DeepSpeed refuse an optimizer with no
-parameter), bf16 (matrix_dist: a sharded bf16 reduction needs its own reference).
+parameter), bf16 (matrix.dist: a sharded bf16 reduction needs its own reference).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from te_verify.spec import CaseSpec
 
-COSTS = Path(__file__).with_name("data") / "pr_costs.json"
+COSTS = Path(__file__).resolve().parents[1] / "data" / "pr_costs.json"  # te_verify/data
 
 
 def mask_class(mask: tuple[bool, ...] | None) -> str:

@@ -1,10 +1,10 @@
 """Linear sites of a model torch.fx cannot trace, read from its torch.export graph (non-strict: the model's own
 Python runs, on fake tensors, so data-dependent control flow and shape checks are taken as they fall).
 
-The rule is graph_sites' per aten op, on an op-level graph:
+The rule is oracle.graph's per aten op, on an op-level graph:
 - placeholders: a parameter needs a gradient iff it is trainable (freezing as it stands), a buffer or constant
   never, the user input iff the case's input does; any other op's output iff one of its tensor arguments does;
-- a site is a GEMM call with a site's weight (graph_sites.linear_weights: a Linear's weight or a marked matrix
+- a site is a GEMM call with a site's weight (oracle.sites.linear_weights: a Linear's weight or a marked matrix
   Parameter) as an operand, reached through views: `aten.linear` (every Linear; peft's adapters; LitGPT's fused-qkv
   `F.linear(x, lora_A)`), `aten.matmul` (LitGPT's `x @ lora_A.T @ lora_B.T`) and a kernel-size-1 `aten.conv1d`
   (LitGPT's fused-qkv lora_B, one GEMM per group); its rows are the input's positions, its fan-in the reduced

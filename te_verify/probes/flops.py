@@ -174,7 +174,7 @@ class GemmProbe:
         self._shapes: list[tuple[int, int]] | None = None
 
     def bind(self, model: torch.nn.Module, shapes: list[tuple[int, int]] | None = None) -> None:
-        """The model's linear-site weights (graph_sites.linear_weights: Linears' and marked matrix Parameters), in
+        """The model's linear-site weights (oracle.sites.linear_weights: Linears' and marked matrix Parameters), in
         layer order (what the oracle's layer indices mean); `shapes`: their
         (out, in) shapes where a sharded wrapper left the Parameters holding flat shards."""
         self._weights = [site.weight for site in linear_weights(model)]

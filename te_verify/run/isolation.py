@@ -1,5 +1,5 @@
 """What one case could leave for the next, cut before every run builds its model (process_state.watched around each
-run of the torch and TE lanes, distributed.case_runner.run_dist_case on every rank), so a verdict is the case's
+run of the torch and TE lanes, distributed.rank.case_runner.run_dist_case on every rank), so a verdict is the case's
 alone. The process settings a run can change (grad mode, default dtype, threads, ...) are kept by
 te_verify.run.process_state, which restores them after the run and names what it left:
 

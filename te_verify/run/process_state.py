@@ -1,7 +1,7 @@
 """The process state a case can change, as a table (SETTINGS): each setting says how to read it, how to put it back
 and what a run that changed it left ("left grad mode disabled"). `kept()` snapshots the table before a run and,
 after it, restores whatever changed and names it; `watched(record, spec)` does so around one run of a case
-(runner.run_case, reference.microbatch.run_microbatches), after isolation.fresh_case, so the next run of the case
+(runner.run_case, run.microbatch.run_microbatches), after isolation.fresh_case, so the next run of the case
 (eager reference, backend, fp64 truth) starts from the same state and the record says what the run left
 (checks.leftovers.process_state judges it). The plugin keeps each test's call the same way.
 

@@ -81,7 +81,7 @@ class RankOutcome:
     # The rank's input shard and cotangent (the caller's tensors) before and after the run.
     inputs_before: dict[str, TensorState] = field(default_factory=dict)
     inputs_after: dict[str, TensorState] = field(default_factory=dict)
-    # A training engine's full parameters after each optimizer step (distributed.training); empty for a wrapper.
+    # A training engine's full parameters after each optimizer step (distributed.rank.training); empty for a wrapper.
     params_after_steps: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
     # A training engine's state bytes per category after its last step, on this rank.
     engine_state: dict[str, StateBytes] = field(default_factory=dict)
@@ -194,7 +194,7 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
     with counter.patched(), contextlib.ExitStack() as probing:
         for probe in probes:
             probing.enter_context(probe)
-        if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.training)
+        if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.rank.training)
             out = torch.cat(run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
                                           lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch)))
         else:

@@ -100,6 +100,6 @@ def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
 
 
 def wrap_fairscale(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
-    if spec.model is not None:  # matrix_dist generates none: its per-layer unit bookkeeping is a stack's
+    if spec.model is not None:  # matrix.dist generates none: its per-layer unit bookkeeping is a stack's
         raise WrapperError(f"model={spec.model.tag}: the fairscale wrapper here wraps linear stacks only")
     return wrap_fairscale_fsdp(model, spec, options(spec))
