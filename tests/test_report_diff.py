@@ -41,7 +41,7 @@ def test_cli_exits_nonzero_and_writes_diff_next_to_new(tmp_path, capsys):
     assert len(diff["new_failures"]) == 1 and len(diff["regressions"]) == 1
     assert "## New failures" in (tmp_path / "night2" / "diff.md").read_text()
     page = (tmp_path / "night2" / "report.html").read_text()
-    assert page.index('id="diff"') < page.index('id="matrix"')  # the diff is at the top of the page
+    assert page.index('id="diff"') < page.index('id="matrix-torch"')  # the diff is at the top of the page
 
 
 def test_identical_runs_exit_zero(tmp_path, capsys):

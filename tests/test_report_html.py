@@ -62,20 +62,26 @@ def _render(tmp_path: Path, with_diff: bool = True) -> tuple[dict, Path]:
 
 def test_matrix_cells_show_counts_and_worst_waste_ratios(tmp_path):
     _, page = _render(tmp_path)
-    cells = Elements(page.read_text()).cells
+    elements = Elements(page.read_text())
+    cells = elements.cells
     assert set(cells) == {("freeze", "eager"), ("freeze", "thunder"), ("replay", "thunder"),
-                          ("te_peft", "thunder_te"), ("te_peft", "te_eager")}
+                          ("te_peft", "thunder_te / delayed"), ("te_peft", "te_eager / delayed")}
     thunder = " ".join(cells[("freeze", "thunder")].split())
     assert "1 pass" in thunder and "1 fail" in thunder and "flops 1.30" in thunder and "saved_bytes 1.00" in thunder
-    assert "1 known gap" in cells[("te_peft", "thunder_te")] and "flops 1.50" in cells[("te_peft", "thunder_te")]
-    assert "1 skip" in cells[("te_peft", "te_eager")]
+    assert "1 known gap" in cells[("te_peft", "thunder_te / delayed")]
+    assert "flops 1.50" in cells[("te_peft", "thunder_te / delayed")]
+    assert "1 skip" in cells[("te_peft", "te_eager / delayed")]
+    # One matrix per lane, each with only its own columns: the torch lane's has no TE backend and the other way round.
+    assert {"matrix-torch", "matrix-TE"} <= set(elements.by_id) and "matrix-distributed" not in elements.by_id
+    torch_lane = page.read_text().split('id="matrix-torch"')[1].split("</table>")[0]
+    assert "te_eager" not in torch_lane and "thunder_te" not in torch_lane
 
 
 def test_header_details_and_diff_are_rendered(tmp_path):
     new, page = _render(tmp_path)
     text = page.read_text()
     assert "thunder named-tensor stand-ins" in text and "2.13.0+cpu" in text and "reference" in text
-    assert text.index('id="diff"') < text.index('id="matrix"')
+    assert text.index('id="diff"') < text.index('id="matrix-torch"')
     failed = _nodeid(new, FREEZE.id, "thunder")
     elements = Elements(text)
     assert anchor("case", failed) in elements.by_id  # every row has its <details>
@@ -117,12 +123,16 @@ def test_chromium_renders_matrix_and_opens_a_detail(tmp_path):
     first_case = re.search(r'<details class="case" id="([^"]+)"', (report_dir / "report.html").read_text()).group(1)
 
     dom = Elements(_chromium(["--dump-dom", f"{url}#{first_case}"], tmp_path / "profile").stdout)
-    assert "matrix" in dom.by_id and dom.cells, "the matrix did not render"
+    assert "matrix-torch" in dom.by_id and dom.cells, "the matrix did not render"
     assert "open" in dom.by_id[first_case], f"details {first_case} did not open from the URL hash"
     assert dom.by_id.get("run-header") is not None, "the run header did not render"
 
     missing = Elements(_chromium(["--dump-dom", f"{url}#case-not-there"], tmp_path / "profile").stdout)
     assert "open" not in missing.by_id[first_case]  # the check above can fail: nothing opens for a bad hash
+
+    wide = Elements(_chromium(["--dump-dom", "--window-size=1400,900", url], tmp_path / "profile").stdout)
+    widths = {i: int(a["data-width"]) for i, a in wide.by_id.items() if i.startswith("matrix-") and a.get("data-width")}
+    assert widths and all(w <= 1400 for w in widths.values()), f"a lane's matrix overflows a 1400-pixel window: {widths}"
 
     shot = report_dir / "report.png"
     _chromium([f"--screenshot={shot}", "--window-size=1280,1400", url], tmp_path / "profile")

@@ -64,7 +64,7 @@ def test_a_one_percent_lean_fails_naming_the_gradient_and_the_figures():
     assert not result.ok
     assert "grad of 0.weight leans 1.01" in result.message and "x its fp64 truth; eager 1.0000" in result.message
     assert f"({Z:g} standard errors, dispersion 1.00, over 4,096 elements)" in result.message
-    assert result.problems and result.figures["grad_scale_ratio"] > 1 and result.figures["grad_scale_gradients"] == 1
+    assert result.problems and result.figures["grad_scale_share"] > 1 and result.figures["grad_scale_gradients"] == 1
 
 
 def test_a_lean_within_eagers_own_passes():

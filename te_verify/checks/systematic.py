@@ -157,7 +157,7 @@ def _figures(leans: list[Lean], unresolved: list[str], both: int, phi: float) ->
     if leans:
         worst = max(leans, key=lambda x: x.ratio)
         d = _digits(worst.allowed)
-        figures.update(grad_scale_ratio=round(worst.ratio, 4),
+        figures.update(grad_scale_share=round(worst.ratio, 4),
                        grad_scale_worst=f"{worst.pair.name}: {worst.pair.got.scale:.{d}f} (reference "
                                         f"{worst.pair.ref.scale:.{d}f}, allowed 1 ± {worst.allowed:.2g})")
     return figures

@@ -1,8 +1,9 @@
 """report.html: one standalone page (inline CSS and JS, no network) rendered from results.json with Jinja2.
 
-The page shows the run header, for a diff run the new failures / fixes / figure regressions on top, the
-families x backends matrix (outcome counts and worst waste ratios per cell), and every case's details
-(spec, message, figures, duration, repro) in <details> elements that a matrix click or a URL hash opens.
+The page shows the run header, for a diff run the new failures / fixes / figure regressions on top, one matrix per
+lane (torch, TE, distributed: its families by the backends that ran in it, the TE lane's columns split by recipe;
+outcome counts and worst waste ratios per cell), and every case's details (spec, message, figures, duration, repro)
+in <details> elements that a matrix click or a URL hash opens.
 """
 from __future__ import annotations
 
@@ -84,27 +85,84 @@ def _order_backends(header: dict, seen: set[str]) -> list[str]:
     return listed + sorted(seen - set(listed))
 
 
+LANES = ("torch", "TE", "distributed")
+DENSE = 0.5  # the share of filled cells from which a lane is drawn as a grid
+
+
+def lane_of(row: dict) -> str:
+    """The lane a row belongs to, from its spec (a TE config, a distributed config) or its family's name."""
+    spec, family = row.get("spec") or {}, row.get("family") or ""
+    if spec.get("dist") is not None or family.startswith("dist_"):
+        return "distributed"
+    if spec.get("te") is not None or family.startswith("te_"):
+        return "TE"
+    return "torch"
+
+
+def column_of(row: dict, lane: str) -> str:
+    """The matrix column of a row: its backend, and in the TE lane its recipe too ("te_eager / delayed")."""
+    backend = row.get("backend") or "?"
+    if lane != "TE":
+        return backend
+    te = (row.get("spec") or {}).get("te") or {}
+    return f"{backend} / {te.get('recipe') or 'high precision'}"
+
+
+@dataclass
+class Lane:
+    """One lane's matrix: its families by the columns that ran in it."""
+
+    # "torch", "TE" or "distributed".
+    name: str
+    # Element id of its table.
+    anchor: str
+    families: list[str]
+    columns: list[str]
+    # (family, column) -> cell.
+    cells: dict[tuple[str, str], Cell]
+
+    @property
+    def dense(self) -> bool:
+        """Whether a families x columns grid is mostly filled; a sparse lane (the distributed one: each family runs
+        on its own wrapper) is shown as one row per cell instead, so it fits the window."""
+        return len(self.cells) >= DENSE * len(self.families) * len(self.columns)
+
+
+def _columns(lane: str, seen: set[str], header: dict) -> list[str]:
+    """Columns in the header's backend order, a backend's recipes together (high precision first)."""
+    order = {b: i for i, b in enumerate(_order_backends(header, {c.split(" / ")[0] for c in seen}))}
+    recipes = ("high precision", "delayed", "current", "block", "mxfp8", "nvfp4")
+    return sorted(seen, key=lambda c: (order.get(c.split(" / ")[0], len(order)), c.split(" / ")[0],
+                                       recipes.index(c.split(" / ")[1]) if " / " in c and c.split(" / ")[1] in recipes
+                                       else len(recipes), c))
+
+
 def build_matrix(results: dict) -> dict[str, Any]:
-    """Families, backends, cells and totals for the template."""
-    tier = results.get("header", {}).get("tier")
-    te_impl = chosen_te_impl(results.get("header", {}).get("te_impl"))
-    cells: dict[tuple[str, str], Cell] = {}
+    """One matrix per lane (families x columns, only what ran in that lane), the cells and the totals."""
+    header = results.get("header", {})
+    tier, te_impl = header.get("tier"), chosen_te_impl(header.get("te_impl"))
+    by_lane: dict[str, dict[tuple[str, str], Cell]] = defaultdict(dict)
     totals: dict[str, int] = defaultdict(int)
     ids: set[str] = set()
     for row in results["rows"]:
-        family, backend = row.get("family") or "?", row.get("backend") or "?"
-        cell = cells.setdefault((family, backend), Cell(anchor(f"cell-{family}", backend)))
+        lane = lane_of(row)
+        family, column = row.get("family") or "?", column_of(row, lane)
+        cell = by_lane[lane].setdefault((family, column), Cell(anchor(f"cell-{family}", column)))
         cell.counts[row["outcome"]] += 1
         totals[row["outcome"]] += 1
         update_worst_ratios(cell.ratios, row.get("figures") or {})
         cell.rows.append(_row_view(row, tier, ids, te_impl))
-    for cell in cells.values():
-        cell.rows.sort(key=lambda r: (OUTCOMES.index(r["outcome"]) if r["outcome"] in OUTCOMES else 0, r["case_id"] or ""))
-    return {
-        "families": sorted({f for f, _ in cells}),
-        "backends": _order_backends(results.get("header", {}), {b for _, b in cells}),
-        "cells": cells, "totals": dict(totals), "outcomes": OUTCOMES, "labels": LABELS,
-    }
+    lanes = []
+    for name in LANES:
+        cells = by_lane.get(name)
+        if not cells:
+            continue
+        for cell in cells.values():
+            cell.rows.sort(key=lambda r: (OUTCOMES.index(r["outcome"]) if r["outcome"] in OUTCOMES else 0,
+                                          r["case_id"] or ""))
+        lanes.append(Lane(name, anchor("matrix", name), sorted({f for f, _ in cells}),
+                          _columns(name, {c for _, c in cells}, header), cells))
+    return {"lanes": lanes, "totals": dict(totals), "outcomes": OUTCOMES, "labels": LABELS}
 
 
 def format_figure(value: Any) -> str:

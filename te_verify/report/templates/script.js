@@ -11,3 +11,10 @@ function teVerifyOpen() {
 }
 window.addEventListener("hashchange", teVerifyOpen);
 document.addEventListener("DOMContentLoaded", teVerifyOpen);
+
+// Each lane's matrix records its rendered width (data-width, CSS pixels): a browser test holds it to the window.
+document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll("table.matrix").forEach(function (table) {
+    table.setAttribute("data-width", String(table.scrollWidth));
+  });
+});
