@@ -1,7 +1,7 @@
 """te-verify: run the cases and write the report; diff two nights; re-render a report; update expectations.
 
     te-verify run [--tier pr] [--backend NAME|pkg.mod:attr ...] [--report-dir DIR] [--device D] [--shard K/N]
-                  [--workers N] [--resume DIR] [pytest args]
+                  [--workers N] [--resume DIR] [--case-timeout SECONDS] [pytest args]
     te-verify report DIR                (re-render a report folder, a killed run's partial one included)
     te-verify report diff OLD/results.json NEW/results.json
     te-verify report merge SHARD1 SHARD2 ... --out DIR
@@ -41,13 +41,22 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             "--junitxml", str(report_dir / "junit.xml"), "-n", str(args.workers or default_workers())]
     for backend in args.backend:
         argv += ["--backend", backend]
-    for option in ("te_impl", "device", "shard", "resume"):
-        if getattr(args, option):
-            argv += ["--" + option.replace("_", "-"), getattr(args, option)]
+    for option in ("te_impl", "device", "shard", "resume", "case_timeout"):
+        if getattr(args, option) is not None:
+            argv += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    before = _written(report_dir / "results.json")
     code = pytest.main(argv + extra)
-    if (report_dir / "results.json").exists():  # not after a usage error: its one line says it all
+    if _written(report_dir / "results.json") not in (None, before):  # not after a usage error: its line says it all
         print(f"te-verify: report in {report_dir}")
     return int(code)
+
+
+def _written(path: Path) -> int | None:
+    """When `path` was last written (ns), None if it does not exist."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def render_folder(report_dir: Path) -> int:
@@ -95,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (merge with report merge)")
     run_p.add_argument("--resume", default=None, metavar="DIR",
                        help="finish the killed run in DIR (same selection): only its cases without a row run")
+    run_p.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
+                       help="seconds a case may run before it fails 'timed out' (default per tier and lane; 0: none)")
     run_p.add_argument("--workers", default=None,
                        help="pytest-xdist workers (-n; default: one per GPU with CUDA, else one per core)")
     report_p = sub.add_parser("report", help="report tools: diff two results.json files, merge shard reports, "

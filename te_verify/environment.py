@@ -31,11 +31,29 @@ def device() -> str:
     return run_device.describe()
 
 
+# Every distribution whose code a case of a run may execute, by the name the header shows (read from the installed
+# metadata, never by importing: importing some of them takes seconds). A changed version between two runs is what
+# `te-verify report diff` names, and what `--resume` refuses to mix.
+UNDER_TEST: dict[str, str] = {
+    "thunder": "lightning-thunder",
+    "fairscale": "fairscale",
+    "megatron-core": "megatron-core",
+    "megatron-fsdp": "megatron-fsdp",
+    "deepspeed": "deepspeed",
+    "transformers": "transformers",
+    "peft": "peft",
+    "litgpt": "litgpt",
+    "pytest": "pytest",
+    "pytest-xdist": "pytest-xdist",
+    "hypothesis": "hypothesis",
+}
+
+
 def versions() -> dict[str, str]:
+    """python, torch, TE (and whether its Python is under test) and every distribution of UNDER_TEST."""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "thunder": _version("lightning-thunder"),
-        "fairscale": _version("fairscale"),
         "transformer_engine": transformer_engine_status(),
+        **{name: _version(dist) for name, dist in UNDER_TEST.items()},
     }

@@ -16,6 +16,12 @@ def load_path(path: str) -> Any:
         raise ObjectPathError("expected package.module:attr")
     try:
         obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- whatever the user's module raised on import, said in one line
         raise ObjectPathError(f"cannot load it: {type(exc).__name__}: {exc}") from None
-    return obj() if isinstance(obj, type) else obj
+    if not isinstance(obj, type):
+        return obj
+    try:
+        return obj()
+    except Exception as exc:  # noqa: BLE001 -- a class that needs arguments is not one te_verify can make
+        raise ObjectPathError(f"{attr} is a class that cannot be made without arguments "
+                              f"({type(exc).__name__}: {exc})") from None

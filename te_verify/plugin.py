@@ -2,7 +2,8 @@
 
 Case files declare FAMILY, LANE ("torch", "te" or "dist") and SPECS(tier); a test that takes the `case`
 fixture is parametrized over SPECS(tier) x the lane's backends, with ids "<backend>-<spec.id>".
-Rows travel as report.user_properties, which xdist ships to the controller, so none are lost.
+Rows travel as report.user_properties, which xdist ships to the controller (te_verify.run_report), so none are lost.
+A report folder is locked by its live run (te_verify.report.lock) from configure on.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from te_verify import compat, environment
+from te_verify import compat, environment, tmpdirs
 from te_verify.run import process_state
 from te_verify import device as run_device
 from te_verify.checks.leftovers import process_left_by_test
 from te_verify.checks.verdict import CheckFailures
 from te_verify.expectations.entries import (ExpectationsError, covering, current_env, load_expectations, mark_reason,
-                                    seen_in_rows, skip_entry, stale, stale_message)
+                                            skip_entry)
 from te_verify.expectations.judge import Judgement, check_results, judge
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.run.caserun import CaseRun
@@ -28,9 +29,9 @@ from te_verify.compat import thunder_named_tensors
 from te_verify.distributed.declare import declared_wrapper
 from te_verify.matrix.tiers import TierError, check_tier
 from te_verify.report.repro import repro_hint
+from te_verify.report.lock import ReportLock, ReportLockError, acquire
 from te_verify.report.results import outcome_of, reason_of
-from te_verify.report.stream import RowStream, crash_row
-from te_verify.report.writer import write_report
+from te_verify.report.stream import RowStream
 from te_verify.report.resume import ResumeError, done_nodeids, load_previous
 from te_verify.distributed.engines import engine
 from te_verify.matrix.selection import select_pr
@@ -42,9 +43,9 @@ GAPS = pytest.StashKey[list]()  # the expectation entries covering an item (one 
 DRAWN_GAPS = pytest.StashKey[dict]()  # expectation key -> its row, for gaps met by specs a test drew
 
 
-# Fixtures and options of the lanes, --shard and --case-order.
+# Fixtures and options of the lanes, --shard, --case-order and --case-timeout; the controller's rows and report.
 LANE_PLUGINS = ("te_verify.distributed.pool.fixtures", "te_verify.probes.options", "te_verify.matrix.shard",
-                "te_verify.matrix.case_order")
+                "te_verify.matrix.case_order", "te_verify.case_timeout", "te_verify.run_report")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -95,13 +96,28 @@ class Session:
         self.env = current_env()
         self.report_dir = config.getoption("report_dir") or config.getoption("resume")
         self.stream: RowStream | None = None  # the controller's rows.jsonl, open from session start
-        self.selection_written = False
+        self.selection: list[str] | None = None  # the nodeids this run (a resumed run: its first run) selected
+        self.incomplete: dict | None = None  # set at the end where selected cases have no row
         # A --resume's earlier run (its stream) and the cases it finished: they are not run again.
         worker = getattr(config, "workerinput", None)
+        # The controller locks the report folder before reading or writing anything in it.
+        self.lock: ReportLock | None = None if worker is not None or not self.report_dir else acquire(
+            Path(self.report_dir), self.run_id, "--resume" if config.getoption("resume") else "--report-dir")
         resume = config.getoption("resume") if worker is None else None  # workers get the done cases from it
-        self.previous = load_previous(resume, self.header()) if resume else None
+        try:
+            self.previous = load_previous(resume, self.header()) if resume else None
+        except ResumeError:
+            self.release()
+            raise
+        if self.previous is not None:
+            self.selection = self.previous["selection"]
         self.done = set(worker.get("te_verify_done", ())) if worker else set(
             done_nodeids(self.previous) if self.previous else ())
+
+    def release(self) -> None:
+        """Free the report folder for the next run."""
+        if self.lock is not None:
+            self.lock.release()
 
     def lane_backends(self, lane: str) -> list[tuple[str, object]]:
         return [(b.name, b) for n, b in self.backends.items() if lane_of(n, b) == lane]
@@ -151,8 +167,10 @@ def pytest_configure(config: pytest.Config) -> None:
         worker = getattr(config, "workerinput", {}).get("workerid")
         run_device.use(run_device.resolve(config.getoption("device"), worker))
         config.stash[SESSION] = Session(config)
-    except (TierError, BackendError, ExpectationsError, ShardError, ResumeError, ValueError) as exc:
+    except (TierError, BackendError, ExpectationsError, ShardError, ResumeError, ReportLockError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):
+        tmpdirs.remove_stale()  # what killed runs left in /tmp (their rank pools) goes at the next run's start
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -297,15 +315,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not (report.when == "call" or (report.when == "setup" and not report.passed)):
         return
     run = _case_of(item)
+    row = {**row_of(item), "outcome": outcome_of(report), "reason": reason_of(report),
+           "duration": round(report.duration, 4)}
+    entries = item.stash.get(GAPS, [])
+    judgement = _judge_call(entries, run, report, call)
+    if judgement is not None:
+        row["checks"] = judgement.checks
+        row["outcome"], row["reason"] = outcome_of(report), reason_of(report)
+        if judgement.outcome == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
+            row["observed"] = str(call.excinfo.value)[:2000]
+        if judgement.outcome == "xpassed":
+            row["outcome"], row["reason"] = "xpassed", judgement.message
+    if report.failed and row["outcome"] != "xpassed":
+        _add_repro_hint(item.config, report, row)
+    report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
+
+
+def row_of(item: pytest.Item) -> dict:
+    """What a case's row says about the case, whatever its outcome (the caller adds outcome, reason, duration)."""
+    run = _case_of(item)
     module = getattr(item, "module", None)
     row = {
         "nodeid": item.nodeid,
         "case_id": run.spec.id if run else item.name,
         "family": run.spec.family if run else getattr(module, "FAMILY", item.module.__name__ if module else "?"),
         "backend": run.backend_name if run else _drawn_backend(item),
-        "outcome": outcome_of(report),
-        "reason": reason_of(report),
-        "duration": round(report.duration, 4),
         "figures": dict(run.figures) if run else {},
         "spec": run.spec.to_dict() if run else None,
         "expectation": None,
@@ -319,17 +353,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     entries = item.stash.get(GAPS, [])
     if entries:
         row["expectation"], row["gaps"] = entries[0].to_row(), [e.to_row() for e in entries]
-    judgement = _judge_call(entries, run, report, call)
-    if judgement is not None:
-        row["checks"] = judgement.checks
-        row["outcome"], row["reason"] = outcome_of(report), reason_of(report)
-        if judgement.outcome == "xfailed" and call.excinfo is not None:  # what the known gap looked like this time
-            row["observed"] = str(call.excinfo.value)[:2000]
-        if judgement.outcome == "xpassed":
-            row["outcome"], row["reason"] = "xpassed", judgement.message
-    if report.failed and row["outcome"] != "xpassed":
-        _add_repro_hint(item.config, report, row)
-    report.user_properties.append((ROW_KEY, json.dumps(row, default=str)))
+    return row
 
 
 def _judge_call(entries: list, run: CaseRun | None, report: pytest.TestReport, call: pytest.CallInfo) -> Judgement | None:
@@ -359,92 +383,3 @@ def _add_repro_hint(config: pytest.Config, report: pytest.TestReport, row: dict)
     hint = repro_hint(row, session.tier, Path(report_dir or "reports/<run>"), paths.get(row["backend"]),
                       config.getoption("te_impl"))
     report.sections.append(("te_verify repro", hint))
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if not _CONTROLLER:
-        return
-    session = _CONTROLLER[0]
-    for key, value in report.user_properties:
-        if key == ROW_KEY:
-            row = json.loads(value)
-            row["worker"] = getattr(report, "node", None) and report.node.gateway.id or "main"
-            session.compat.update(row.pop("compat", []))
-            session.rows.append(row)
-            if session.stream is not None:
-                session.stream.write("row", row)
-
-
-_CONTROLLER: list[Session] = []  # the controller's Session (or the only process's, without xdist)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) collects rows
-        state = session.config.stash[SESSION]
-        _CONTROLLER[:] = [state]
-        if state.report_dir:  # rows stream to disk as they finish: a killed run keeps them (--resume continues)
-            state.stream = RowStream(Path(state.report_dir), append=state.previous is not None)
-            if state.previous is None:
-                state.stream.write("header", {k: v for k, v in state.header().items() if k != "finished"})
-            else:
-                state.stream.write("resumed", {"run_id": state.run_id, "started": state.started.isoformat()})
-
-
-def _write_selection(nodeids: list[str]) -> None:
-    """The cases this run selected, once (a resumed run keeps its first run's selection)."""
-    state = _CONTROLLER[0] if _CONTROLLER else None
-    if state is not None and state.stream is not None and state.previous is None and not state.selection_written:
-        state.stream.write("selection", {"nodeids": list(nodeids)})
-        state.selection_written = True
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):
-        _write_selection([item.nodeid for item in session.items])
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
-    _write_selection(ids)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """Every xdist worker deselects the cases a --resume's earlier run finished (the controller read them once)."""
-    node.workerinput["te_verify_done"] = sorted(node.config.stash[SESSION].done)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
-    """A case that killed its xdist worker (segfault, OOM kill) is a row of its own; xdist starts a new worker."""
-    report.user_properties.append((ROW_KEY, json.dumps(crash_row(crashitem, report))))
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if hasattr(session.config, "workerinput") or not _CONTROLLER:
-        return
-    state = _CONTROLLER[0]
-    if not state.report_dir:
-        return
-    header, rows = state.header(), state.rows
-    if state.previous is not None:  # a resumed run: the earlier rows and this run's make one report
-        header.update(started=state.previous["header"]["started"], resumed=state.run_id,
-                      run_id=state.previous["header"]["run_id"])
-        rows = [*state.previous["rows"], *rows]
-    if state.stream is not None:
-        state.stream.close()
-    write_report(Path(state.report_dir), {"schema_version": 1, "header": header, "rows": rows}, header["backend_paths"])
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """Warn about expectation entries that matched no case of this run (stale: remove or fix them)."""
-    if hasattr(config, "workerinput") or not _CONTROLLER:
-        return
-    state = _CONTROLLER[0]
-    if state.shard is not None:  # the other shards' cases match the rest: only a whole run can tell what is stale
-        terminalreporter.write_line(f"te_verify: shard {state.shard}: stale expectations are not judged on a shard")
-        return
-    ran = {r["backend"] for r in state.rows}
-    for entry in stale(state.expectations, seen_in_rows(state.expectations, state.rows), env=state.env, backends=ran):
-        terminalreporter.write_line(f"te_verify WARNING: {stale_message(entry)}", yellow=True)

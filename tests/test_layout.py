@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "te_verify"
 # The flow, lowest first: (layer, the module prefixes in it). A module may import its own layer and those before it.
 LAYERS = (
-    ("base", ("spec", "record", "training", "device", "objects")),
+    ("base", ("spec", "record", "training", "device", "objects", "tmpdirs")),
     ("te implementations", ("te",)),
     ("compatibility steps", ("compat",)),
     ("matrix", ("matrix",)),
@@ -24,7 +24,8 @@ LAYERS = (
     ("distributed", ("distributed",)),
     ("expectations", ("expectations",)),
     ("report", ("report",)),
-    ("entry points", ("environment", "plugin", "cli", "distributed.__main__", "__init__")),
+    ("entry points", ("environment", "plugin", "case_timeout", "run_report", "cli", "distributed.__main__",
+                      "__init__")),
 )
 
 

@@ -94,3 +94,18 @@ def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):
     assert main([str(bogus), str(bogus)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bogus) in err and "schema_version" in err
+
+
+def test_a_version_change_between_two_nights_is_named(tmp_path, capsys):
+    old, new = results(), results("20260102-020000")
+    old["header"]["versions"]["deepspeed"] = "0.19.8"
+    new["header"]["versions"].update(deepspeed="0.19.9", peft="0.21.2")
+    diff = diff_results(old, new)
+    assert diff["versions_changed"] == [{"package": "deepspeed", "old": "0.19.8", "new": "0.19.9"},
+                                        {"package": "peft", "old": "absent", "new": "0.21.2"}]
+    assert not diff["regressed"]  # a new version is news, not a regression
+    code = main([str(write(tmp_path / "a" / "results.json", old)), str(write(tmp_path / "b" / "results.json", new))])
+    assert code == 0 and "deepspeed 0.19.8 -> 0.19.9" in capsys.readouterr().out
+    assert "deepspeed 0.19.8 -> 0.19.9" in (tmp_path / "b" / "diff.md").read_text()
+    assert json.loads((tmp_path / "b" / "diff.json").read_text())["versions_changed"][0]["new"] == "0.19.9"
+    assert 'id="versions-changed"' in (tmp_path / "b" / "report.html").read_text()

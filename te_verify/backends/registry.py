@@ -21,6 +21,11 @@ class BackendError(ValueError):
     """An unknown backend name or a bad `package.module:attr` path."""
 
 
+# What --backend package.module:attr must name, said in every error about one.
+PROTOCOL = ("a backend is an object (or a class made without arguments) with name (str), available() -> (ok, reason) "
+            "and prepare(model, spec) -> callable (or a distributed wrapper declaration: name, wrap, shards)")
+
+
 def _te_eager() -> Backend:
     from te_verify.backends.te_eager import TEEagerBackend
 
@@ -63,10 +68,11 @@ def load_external(path: str) -> Backend:
     try:
         backend = load_path(path)
     except ObjectPathError as exc:
-        raise BackendError(f"--backend {path!r}: {exc}") from None
-    missing = [a for a in ("name", "available", "prepare") if not hasattr(backend, a)]
+        raise BackendError(f"--backend {path!r}: {exc}; {PROTOCOL}") from None
+    missing = [a for a in ("available", "prepare") if not callable(getattr(backend, a, None))]
+    missing = ([] if isinstance(getattr(backend, "name", None), str) else ["name"]) + missing
     if missing:
-        raise BackendError(f"--backend {path!r}: not a backend, it lacks {', '.join(missing)}")
+        raise BackendError(f"--backend {path!r}: not a backend, it lacks {', '.join(missing)}; {PROTOCOL}")
     return backend
 
 

@@ -20,8 +20,9 @@
 An entry applies to the cases whose backend is the file's stem; every entry covering a case applies (two gaps of
 one case each cover their own checks). How a case is judged under its entries is te_verify.expectations.judge: a known
 gap iff exactly the entries' checks fail as described; strict (a covered check that passes fails the case, naming
-the entry). Entries that match no collected case are stale (`stale`). te_verify.expectations.update rewrites the
-files from a run's results, like `wpt update-expectations`. A malformed file raises ExpectationsError with a
+the entry). A check name that does not exist (te_verify.checks.names) is refused when the file is loaded. Entries
+that match no collected case are stale (`stale`). te_verify.expectations.update rewrites the files from a run's
+results, like `wpt update-expectations`. A malformed file raises ExpectationsError with a
 one-line message naming the file and line.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from te_verify.checks.names import CHECKS, unknown_check_message
 
 STATUSES = ("xfail", "skip")
 KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device",
@@ -175,6 +178,9 @@ def _check_names(path: Path, line: int, value: Any, key: str = "checks") -> None
         raise _fail(path, line, f"{key} must be a non-empty list of {what}, got {value!r}")
     if len(set(value)) != len(value):
         raise _fail(path, line, f"{key} {value!r} names one twice")
+    unknown = [name for name in value if key == "checks" and name not in CHECKS]
+    if unknown:
+        raise _fail(path, line, f"checks: {unknown_check_message(unknown[0])}")
 
 
 def load_file(path: Path) -> list[Expectation]:

@@ -1,8 +1,9 @@
 """`te-verify report diff OLD NEW`: what changed between two runs (e.g. last night and tonight).
 
-New failures, fixed cases, new/removed cases and figure regressions beyond thresholds (any `*_ratio`,
-saved bytes, peak bytes, duration). Prints markdown, writes diff.json and diff.md next to NEW, re-renders
-NEW's report.html with the diff on top, and exits 1 when anything regressed so a nightly job can alert.
+Version changes of what ran (the header's `versions`: "deepspeed 0.19.8 -> 0.19.9"), new failures, fixed cases,
+new/removed cases and figure regressions beyond thresholds (any `*_ratio`, saved bytes, peak bytes, duration).
+Prints markdown, writes diff.json and diff.md next to NEW, re-renders NEW's report.html with the diff on top, and
+exits 1 when anything regressed so a nightly job can alert (a version change alone is not a regression).
 """
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def _run_info(results: dict) -> dict:
     return {k: header.get(k) for k in ("run_id", "started", "tier", "device")}
 
 
+def version_changes(old: dict, new: dict) -> list[dict]:
+    """Every package whose version differs between the two runs' headers (one absent from a header: "absent")."""
+    before = old.get("header", {}).get("versions") or {}
+    after = new.get("header", {}).get("versions") or {}
+    return [{"package": name, "old": before.get(name, "absent"), "new": after.get(name, "absent")}
+            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+
+
+def version_line(change: dict) -> str:
+    """"deepspeed 0.19.8 -> 0.19.9"."""
+    return f"{change['package']} {change['old']} -> {change['new']}"
+
+
 def diff_results(old: dict, new: dict, thresholds: Thresholds | None = None) -> dict:
     """Compare two results payloads row by row (keyed by node id)."""
     t = thresholds or Thresholds()
@@ -93,6 +107,7 @@ def diff_results(old: dict, new: dict, thresholds: Thresholds | None = None) -> 
     regressions = [reg for k in both for reg in figure_regressions(old_rows[k], new_rows[k], t)]
     return {
         "old": _run_info(old), "new": _run_info(new), "thresholds": asdict(t),
+        "versions_changed": version_changes(old, new),
         "new_failures": new_failures, "fixed": fixed,
         "new_cases": [_brief(new_rows[k]) for k in new_rows if k not in old_rows],
         "removed_cases": [_brief(old_rows[k]) for k in old_rows if k not in new_rows],
@@ -111,8 +126,10 @@ def render_markdown(diff: dict) -> str:
     lines = [f"# te_verify diff: {old.get('run_id')} -> {new.get('run_id')}: {verdict}", "",
              f"{len(diff['new_failures'])} new failures, {len(diff['fixed'])} fixed, "
              f"{len(diff['regressions'])} figure regressions, {len(diff['new_cases'])} new cases, "
-             f"{len(diff['removed_cases'])} removed cases", ""]
+             f"{len(diff['removed_cases'])} removed cases, {len(diff.get('versions_changed', []))} version changes",
+             ""]
     sections = [
+        ("Versions changed", diff.get("versions_changed", []), version_line),
         ("New failures", diff["new_failures"], lambda r: f"`{r['nodeid']}`: {r['old_outcome'] or 'new'} -> {r['outcome']}: {r['reason']}"),
         ("Fixed", diff["fixed"], lambda r: f"`{r['nodeid']}`: {r['old_outcome']} -> {r['outcome']}"),
         ("Figure regressions", diff["regressions"],

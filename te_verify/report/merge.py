@@ -115,7 +115,8 @@ def merged_header(reports: list[ShardReport]) -> dict:
         header["incomplete"] = {"ran": sum(len(r.results["rows"]) for r in reports),
                                 "selected": None if any(p["selected"] is None for p in partial) else
                                 sum(len(r.results["rows"]) for r in reports) + sum(len(p["never_ran"]) for p in partial),
-                                "never_ran": [n for p in partial for n in p["never_ran"]]}
+                                "never_ran": [n for p in partial for n in p["never_ran"]],
+                                "why": "; ".join(dict.fromkeys(p["why"] for p in partial if p.get("why"))) or None}
     return header
 
 

@@ -7,8 +7,10 @@ receives every xdist worker's rows; rank 0 under torchrun):
     {"kind": "selection", "nodeids": [...]}   every case the run selected (after collection)
     {"kind": "row", ...}                one per finished case
     {"kind": "resumed", "run_id": ...}  a `--resume` continued the run from here
+    {"kind": "ended", "why": ...}       the run ended with selected cases left without a row, and why
 
-A line cut short by a kill (the last one) is ignored on reading; any other bad line names the file and line.
+A line cut short by a kill (the last one) is ignored on reading, and cut off before a `--resume` appends (`repair`),
+so the stream stays readable; any other bad line names the file and line.
 `partial_results` turns the stream into a results dict: marked incomplete, with the cases that never ran, when
 rows are missing.
 """
@@ -31,6 +33,8 @@ class RowStream:
     def __init__(self, report_dir: Path, append: bool = False) -> None:
         report_dir.mkdir(parents=True, exist_ok=True)
         self.path = report_dir / STREAM
+        if append:
+            repair(self.path)
         self._file: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
 
     def write(self, kind: str, record: dict[str, Any]) -> None:
@@ -41,14 +45,30 @@ class RowStream:
         self._file.close()
 
 
+def repair(path: Path) -> None:
+    """End the stream with a whole line before anything is appended: a last line a kill cut short is removed (its row
+    never finished; its case runs again), one whole but for its newline gets it."""
+    with open(path, "rb+") as handle:
+        data = handle.read()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except ValueError:
+            handle.truncate(start)
+            return
+        handle.write(b"\n")
+
+
 def read_stream(path: Path) -> dict[str, Any]:
-    """{"header": dict, "selection": [nodeid] or None, "rows": [row]} from a rows.jsonl (a later row of the same
-    nodeid replaces an earlier one)."""
+    """{"header": dict, "selection": [nodeid] or None, "rows": [row], "why": str or None} from a rows.jsonl (a later
+    row of the same nodeid replaces an earlier one; "why": the last run's own word on why cases have no row)."""
     try:
         lines = Path(path).read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise StreamError(f"{path}: cannot read the run's rows: {exc}") from None
-    header, selection, rows = None, None, {}
+    header, selection, rows, why = None, None, {}, None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -65,9 +85,11 @@ def read_stream(path: Path) -> dict[str, Any]:
             selection = record["nodeids"]
         elif kind == "row":
             rows[record["nodeid"]] = record
+        elif kind in ("ended", "resumed"):  # a resumed run's own end says why, not the earlier one's
+            why = record.get("why")
     if header is None:
         raise StreamError(f"{path}: no header line: not a te_verify rows.jsonl")
-    return {"header": header, "selection": selection, "rows": list(rows.values())}
+    return {"header": header, "selection": selection, "rows": list(rows.values()), "why": why}
 
 
 def partial_results(report_dir: Path) -> dict[str, Any]:
@@ -75,38 +97,51 @@ def partial_results(report_dir: Path) -> dict[str, Any]:
     `incomplete: {"ran": N, "selected": M, "never_ran": [...]}`."""
     stream = read_stream(Path(report_dir) / STREAM)
     header, rows = dict(stream["header"]), stream["rows"]
-    selected = stream["selection"] or []
-    ran = {row["nodeid"] for row in rows}
-    never_ran = [nodeid for nodeid in selected if nodeid not in ran]
-    if never_ran or stream["selection"] is None:
-        header["incomplete"] = {"ran": len(rows), "selected": len(selected) if stream["selection"] is not None else None,
-                                "never_ran": never_ran}
+    gap = incomplete(rows, stream["selection"], stream["why"] or "the run was killed before they ran")
+    if gap is not None:
+        header["incomplete"] = gap
     return {"schema_version": 1, "header": header, "rows": rows}
 
 
+def incomplete(rows: list[dict[str, Any]], selection: list[str] | None, why: str) -> dict[str, Any] | None:
+    """The header's `incomplete` for a run whose selected cases do not all have a row (None when they do): how many
+    ran, how many were selected, the cases without a row and why they have none."""
+    ran = {row["nodeid"] for row in rows}
+    never_ran = [nodeid for nodeid in selection or [] if nodeid not in ran]
+    if not never_ran and selection is not None:
+        return None
+    return {"ran": len(rows), "selected": len(selection) if selection is not None else None, "never_ran": never_ran,
+            "why": why}
+
+
 def incomplete_line(header: dict[str, Any]) -> str | None:
-    """"incomplete: N of M cases" for a partial run's header, else None."""
+    """"incomplete: N of M cases (why)" for a partial run's header, else None."""
     gap = header.get("incomplete")
     if not gap:
         return None
     of = f" of {gap['selected']}" if gap.get("selected") is not None else " (selection never recorded)"
-    return f"incomplete: {gap['ran']}{of} cases"
+    return f"incomplete: {gap['ran']}{of} cases" + (f" ({gap['why']})" if gap.get("why") else "")
 
 
-def crash_row(nodeid: str, report: Any) -> dict[str, Any]:
-    """The row of a case whose xdist worker died under it: outcome "error", reason "crashed: signal N" (the
-    worker's exit status, read from its process), named from the node id `cases/test_<family>.py::test[<backend>-
-    <case id>]`."""
+def crash_row(nodeid: str, report: Any, timed_out: str | None = None) -> dict[str, Any]:
+    """The row of a case whose xdist worker died under it, named from the node id `cases/test_<family>.py::test[
+    <backend>-<case id>]`: outcome "error", reason "crashed: signal N" (the worker's exit status, read from its
+    process); or, for a worker that ended itself at the case's timeout, outcome "failed" with `timed_out` (te_verify.
+    case_timeout's "timed out after N s" and the stacks) as its reason."""
     worker = getattr(report, "node", None)
-    status = _exit_status(worker)
-    how = f"signal {-status}" if status is not None and status < 0 else f"exit status {status}"
+    worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
+    if timed_out is not None:
+        outcome, reason = "failed", timed_out
+    else:
+        status = _exit_status(worker)
+        how = f"signal {-status}" if status is not None and status < 0 else f"exit status {status}"
+        outcome, reason = "error", f"crashed: {how} (worker {worker_id} died running it)"
     module, _, test = nodeid.partition("::")
     param = test.partition("[")[2].rstrip("]")
     backend, _, case_id = param.partition("-")
-    worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
     return {"nodeid": nodeid, "case_id": case_id or test, "family": Path(module).stem.removeprefix("test_"),
-            "backend": backend or "-", "outcome": "error", "reason": f"crashed: {how} (worker {worker_id} died running it)",
-            "duration": 0.0, "figures": {}, "spec": None, "expectation": None, "compat": [], "device": None}
+            "backend": backend or "-", "outcome": outcome, "reason": reason, "duration": 0.0, "figures": {},
+            "spec": None, "expectation": None, "compat": [], "device": None}
 
 
 def _exit_status(worker: Any) -> int | None:

@@ -67,7 +67,8 @@ def _incomplete_lines(header: dict[str, Any]) -> list[str]:
     line = incomplete_line(header)
     if line is None:
         return []
-    return ["", f"**{line}**; never ran:", *[f"- `{nodeid}`" for nodeid in header["incomplete"]["never_ran"]]]
+    return ["", f"**{line}**; without a row (`te-verify run --resume DIR` runs them):",
+            *[f"- `{nodeid}`" for nodeid in header["incomplete"]["never_ran"]]]
 
 
 def te_ran(header: dict[str, Any]) -> str:

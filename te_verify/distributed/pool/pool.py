@@ -1,26 +1,26 @@
 """A persistent pool of N ranks: started once, runs many cases, rebuilt after a hang or a crash.
 
 Spawning a process group costs ~2.3 s here; the pool pays it once per process (per xdist worker). Rendezvous
-goes through a `file://` store in a fresh temporary directory (never a port). A case that times out or whose
-rank dies fails with the rank number and its stack (hung: faulthandler dump; raised: traceback; died: the
-signal); the pool is then killed (each rank leads its own process group), reaped and verified gone, and the
-next case starts a fresh pool. On a GPU the ranks sit on distinct GPUs from the caller's on (nccl forbids two
+goes through a `file://` store in a fresh temporary directory (never a port), named after this process
+(te_verify.tmpdirs): a pool killed with its process leaves it behind only until the next pool or run starts. A
+case that times out or whose rank dies fails with the rank number and its stack (hung: faulthandler dump; raised:
+traceback; died: the signal); the pool is then killed (each rank leads its own process group), reaped and verified
+gone, and the next case starts a fresh pool. On a GPU the ranks sit on distinct GPUs from the caller's on (nccl forbids two
 ranks of one communicator on one GPU); a world larger than the GPUs seen is refused (`rank_devices`).
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from te_verify import device as run_device
+from te_verify import tmpdirs
 from te_verify.distributed.pool import worker
 
 # After one rank raises, how long the others get to finish before they count as stuck behind it.
@@ -142,7 +142,7 @@ class RankPool:
         devices = self.rank_devices()
         backend = self.backend or backend_for(torch.device(self.device).type)
         ctx = multiprocessing.get_context("spawn")
-        self._tmpdir = tempfile.mkdtemp(prefix="te_verify_pool_")
+        self._tmpdir = tmpdirs.make("te_verify_pool")
         init_file = os.path.join(self._tmpdir, "store")
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
@@ -262,7 +262,7 @@ class RankPool:
             conn.close()
         self._procs, self._conns = [], []
         if self._tmpdir:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            tmpdirs.remove(self._tmpdir)
             self._tmpdir = None
         if left:
             raise RankFailure(f"pool teardown left processes running: {sorted(set(left))}")
