@@ -57,6 +57,18 @@ def test_the_gaps_check_failing_otherwise_fails_differently():
     assert judgement.outcome == "failed" and "FAILED DIFFERENTLY" in judgement.message
 
 
+def test_a_gap_whose_check_was_left_unobserved_by_a_covered_raise_holds_without_its_text():
+    """A run that raised where a gap is recorded leaves waste_peak not observed: the entry about waste_peak's usual
+    failure holds (it is not asked for its text), while a waste_peak failing on its own must still carry it."""
+    gaps = [_entry(("ending",), "donated buffers", line=3), _entry(("waste_peak",), "allocates outside", line=9)]
+    blocked = check_results([Verdict("ending", False, "raised: donated buffers"),
+                             Verdict("waste_peak", False, "waste_peak not observed: the run raised", blocked_by="ending")])
+    assert judge(gaps, blocked).outcome == "xfailed"
+    observed = check_results([Verdict("ending", False, "raised: donated buffers"),
+                              Verdict("waste_peak", False, "peak 3x eager's")])
+    assert "FAILED DIFFERENTLY" in judge(gaps, observed).message
+
+
 def test_an_entry_naming_a_check_the_case_does_not_run_fails_naming_both():
     judgement = judge([_entry(("fp8_copys",))], _results(fp8_copies="saved weight FP8 copy"))
     assert judgement.outcome == "failed"

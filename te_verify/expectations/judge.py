@@ -75,8 +75,10 @@ def _entry_text(entry: Expectation) -> str:
     return f"{entry.where} [[{entry.status}]] {entry.key!r} ({entry.reason})"
 
 
-def _entry_problems(entry: Expectation, results: dict[str, CheckResult]) -> tuple[list[str], list[str]]:
-    """(checks of the entry that passed, problems that make the case fail outright) for one entry."""
+def _entry_problems(entry: Expectation, results: dict[str, CheckResult],
+                    blocked: set[str]) -> tuple[list[str], list[str]]:
+    """(checks of the entry that passed, problems that make the case fail outright) for one entry. A check in
+    `blocked` observed nothing because of another covered gap: it is not asked for the entry's failure text."""
     passed, problems = [], []
     for name in entry.checks:
         result = results.get(name)
@@ -85,8 +87,9 @@ def _entry_problems(entry: Expectation, results: dict[str, CheckResult]) -> tupl
                             f"this case does not run (its checks: {', '.join(results) or 'none'})")
         elif result.ok:
             passed.append(name)
-    failing_text = "\n".join(results[n].message for n in entry.checks if n in results and not results[n].ok)
-    if not passed and not problems and entry.failure is not None and entry.failure not in failing_text:
+    observed = [n for n in entry.checks if n in results and not results[n].ok and n not in blocked]
+    failing_text = "\n".join(results[n].message for n in observed)
+    if not passed and not problems and observed and entry.failure is not None and entry.failure not in failing_text:
         problems.append(f"FAILED DIFFERENTLY: {_entry_text(entry)} expects checks {', '.join(entry.checks)} to fail "
                         f"with {entry.failure!r}; this is another problem:\n{failing_text}")
     return passed, problems
@@ -110,8 +113,9 @@ def _beside_elements(entries: list[Expectation], result: CheckResult) -> list[st
 def judge(entries: list[Expectation], results: dict[str, CheckResult]) -> Judgement:
     """The case's outcome from its checks' results and the xfail entries covering it (see the module docstring)."""
     covered = {name for entry in entries for name in entry.checks}
-    covered |= {r.name for r in results.values() if not r.ok and r.blocked_by in covered
-                and r.blocked_by in results and not results[r.blocked_by].ok}  # not observed because of a covered gap (e.g. its raise)
+    blocked = {r.name for r in results.values() if not r.ok and r.blocked_by in covered
+               and r.blocked_by in results and not results[r.blocked_by].ok}  # not observed because of a covered gap (e.g. its raise)
+    covered |= blocked
     beside = [r for r in results.values() if not r.ok and r.name not in covered]
     problems = [f"FAILED BESIDE A KNOWN GAP: check {r.name!r} failed:\n{r.message}" if entries else r.message
                 for r in beside]
@@ -121,7 +125,7 @@ def judge(entries: list[Expectation], results: dict[str, CheckResult]) -> Judgem
                             f"about:\n" + "; ".join(off))
     unexpected, held = [], []
     for entry in entries:
-        passed, entry_problems = _entry_problems(entry, results)
+        passed, entry_problems = _entry_problems(entry, results, blocked)
         problems += entry_problems
         if passed:
             unexpected.append(f"UNEXPECTED PASS: check(s) {', '.join(passed)} passed where {_entry_text(entry)} "
