@@ -12,7 +12,9 @@ from typing import Any
 
 DTYPES = ("fp32", "bf16")
 FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
-RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4")
+RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4", "nvfp4_rn", "custom")
+# TE's CustomRecipe factories (custom_recipes/quantizer_factory_zoo.py) a spec may name; te.reference models each.
+CUSTOM_FACTORIES = ("high_precision_fwd_mxfp8_bwd_factory",)
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
 # Wrappers that compute gradients (one forward and backward per case), then training engines (distributed.engines: one
@@ -65,7 +67,8 @@ class TEConfig:
     """How the TE lane runs a case (ignored by backends that do not use TE modules)."""
 
     # FP8 recipe: None (no FP8, high-precision GEMMs), "delayed" (DelayedScaling, amax history), "current"
-    # (Float8CurrentScaling), "mxfp8" (MXFP8BlockScaling), "block" (Float8BlockScaling) or "nvfp4" (NVFP4BlockScaling).
+    # (Float8CurrentScaling), "mxfp8" (MXFP8BlockScaling), "block" (Float8BlockScaling), "nvfp4" (NVFP4BlockScaling),
+    # "nvfp4_rn" (NVFP4BlockScaling without stochastic rounding) or "custom" (CustomRecipe over `qfactory`).
     recipe: str | None = None
     # Which TE construct serves the layers: the Linear module, the GroupedLinear op or the fused grouped MLP.
     module: str = "linear"
@@ -87,10 +90,14 @@ class TEConfig:
     frozen_experts: tuple[int, ...] = ()
     # DelayedScaling's amax_history_len (TE's default 1024): a short one rolls within a case's iterations.
     amax_history_len: int = 1024
+    # CustomRecipe's factory: a name of CUSTOM_FACTORIES (recipe "custom" only).
+    qfactory: str = ""
 
     @property
     def tag(self) -> str:
         parts = [f"fp8{self.recipe}" if self.recipe else "hp"]
+        if self.qfactory:
+            parts.append(self.qfactory.removesuffix("_factory"))
         if self.module != "linear":
             parts.append(self.module)
         if self.main_grad:
@@ -386,7 +393,9 @@ def validate(spec: CaseSpec) -> None:
         _check(spec.te.module in TE_MODULES, f"te.module={spec.te.module!r}: expected one of {TE_MODULES}")
         _check(spec.te.microbatches >= 1, f"te.microbatches={spec.te.microbatches!r}: at least one")
         _check(spec.te.fp8_format in FP8_FORMATS, f"te.fp8_format={spec.te.fp8_format!r}: expected one of {FP8_FORMATS}")
-        _check(spec.te.fp8_format == "E4M3" or spec.te.recipe not in (None, "nvfp4"),
+        _check(spec.te.qfactory in (CUSTOM_FACTORIES if spec.te.recipe == "custom" else ("",)),
+               f"te.qfactory={spec.te.qfactory!r}: one of {CUSTOM_FACTORIES} with te.recipe='custom', else unset")
+        _check(spec.te.fp8_format == "E4M3" or spec.te.recipe not in (None, "nvfp4", "nvfp4_rn", "custom"),
                f"te.fp8_format={spec.te.fp8_format!r} needs an FP8 te.recipe (recipe is {spec.te.recipe}; NVFP4 "
                f"takes no FP8 format)")
         _check(spec.te.amax_history_len >= 1 and (spec.te.amax_history_len == 1024 or spec.te.recipe == "delayed"),

@@ -25,11 +25,15 @@ from te_verify.spec import CaseSpec, TEConfig
 
 
 def fp8_skip_reason(spec: CaseSpec, impl: te_api.TEImpl) -> str | None:
-    """TE's own reason when the spec needs FP8 and this device lacks it."""
+    """TE's own reason when the spec needs FP8 and this device lacks it, or the recipe's format (a block-scaled
+    recipe's GEMMs: te_api.recipe_reason)."""
     if spec.te is None or spec.te.recipe is None:
         return None
     ok, reason = impl.api.is_fp8_available(return_reason=True)
-    return None if ok else f"FP8 unavailable: {reason}"
+    if not ok:
+        return f"FP8 unavailable: {reason}"
+    reason = te_api.recipe_reason(impl.api, spec.te.recipe, spec.te.qfactory)
+    return f"--te-impl {impl.name}: {reason}" if reason else None
 
 
 def attach_main_grad(model: torch.nn.Module, te: TEConfig) -> None:
@@ -276,7 +280,7 @@ class TEEagerBackend:
         te = spec.te or TEConfig()
         if te.main_grad:
             attach_main_grad(model, te)
-        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len)
+        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len, te.qfactory)
         if spec.model is not None:
             return TEFamily(convert_family(model, spec, api), api, recipe)
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)

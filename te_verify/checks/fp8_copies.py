@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.oracle.required import SCALE_INV_BYTES, fp8_copy_bytes, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -85,7 +85,7 @@ def fp8_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Ve
     for site in sites(spec):
         layer, roles = site.label, site.roles()
         for kind, role in (("input", "wgrad"), ("weight", "dgrad")):
-            want = fp8_copy_bytes(site, kind) if role in roles else 0
+            want = fp8_copy_bytes(site, kind, spec.te.recipe) if role in roles else 0
             have = got.pop((layer, kind), None)
             if (have.nbytes if have else 0) != want:
                 why = "" if role in roles else f" ({role} not needed)"
@@ -97,3 +97,60 @@ def fp8_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Ve
     if problems:
         return Verdict("fp8_copies", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("fp8_copies", True, figures=figures)
+
+
+# The GEMM that reads each role's columnwise layout: dgrad a weight's, wgrad an input's and a grad_output's.
+COLUMNWISE_READER = {"weight": "dgrad", "input": "wgrad", "grad_output": "wgrad"}
+
+
+def _owners(obs: dict) -> dict:
+    """Provenance root -> (layer, role): parameters by name, activations by the fprop that read them, gradients by
+    the backward GEMM that read them as its B operand (dy in dgrad "NN" and wgrad "NT")."""
+    owners = {root: (layer, "weight") for root, layer in obs["param_layers"].items()}
+    for root, layer in obs.get("input_layers", {}).items():
+        owners.setdefault(root, (layer, "input"))
+    for event in obs.get("gemm_log", []):
+        if event.role in ("dgrad", "wgrad") and event.layer != "?" and event.gemm.b_root is not None:
+            owners.setdefault(event.gemm.b_root, (event.layer, "grad_output"))
+    return owners
+
+
+def made_copies(obs: dict) -> dict[tuple[str, str], dict]:
+    """(layer, role) -> {"layouts": layout -> largest bytes one copy held, "read_by": sorted "role:layout"} over
+    every quantized copy of the run (tex_record.copies); unattributed copies under ("?", "?")."""
+    owners, found = _owners(obs), {}
+    for seen in obs["tex_record"].copies.values():
+        entry = found.setdefault(owners.get(seen.source, ("?", "?")), {"layouts": {}, "read_by": set()})
+        for layout, nbytes in seen.layouts.items():
+            entry["layouts"][layout] = max(entry["layouts"].get(layout, 0), nbytes)
+        entry["read_by"] |= {f"{role}:{layout}" for role, layout in seen.read_by}
+    return {key: {"layouts": v["layouts"], "read_by": sorted(v["read_by"])} for key, v in found.items()}
+
+
+def copies_made(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
+    """fp8_copies_made (block-scaled recipes): a layer's weight, input or grad_output has a columnwise copy only
+    where a GEMM the case needs reads it (a weight's for dgrad; an input's and a grad_output's for wgrad): a frozen
+    weight whose input needs no gradient needs none, nor does the grad_output of a layer whose weight does not
+    train. Measured on every copy the run made (quantize outputs, GEMM operands), not only those saved."""
+    obs = record.observations
+    if "tex_record" not in obs:
+        return not_observed("fp8_copies_made", case_id, backend, "no tex record of the quantized copies",
+                            blocked_by=None)
+    roles: dict[str, set[str]] = defaultdict(set)
+    for site in sites(spec):
+        roles[site.label] |= site.roles()
+    made, problems = made_copies(obs), []
+    for (layer, role), entry in sorted(made.items()):
+        col = entry["layouts"].get("columnwise")
+        if layer in roles and col and COLUMNWISE_READER[role] not in roles[layer]:
+            problems.append(f"layer {layer}: {role} has a columnwise copy ({col:,} B) that no required GEMM reads "
+                            f"({COLUMNWISE_READER[role]} not needed; read by {', '.join(entry['read_by']) or 'none'})")
+    figures = {"fp8_copies_made": {f"{layer}/{role}": entry for (layer, role), entry in sorted(made.items())},
+               "fp8_copies_made_compared": sum(layer in roles for layer, _ in made)}
+    if not figures["fp8_copies_made_compared"]:
+        return not_observed("fp8_copies_made", case_id, backend, "no quantized copy attributed to a layer",
+                            figures, blocked_by=None)
+    if problems:
+        return Verdict("fp8_copies_made", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures,
+                       tuple(problems))
+    return Verdict("fp8_copies_made", True, figures=figures)

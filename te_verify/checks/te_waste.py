@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from te_verify.checks.fp8_copies import fp8_copies, saved_fp8_copies
+from te_verify.oracle.copy_bytes import BLOCK_FORMAT
+from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
 from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
@@ -214,6 +215,7 @@ def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: s
     if skip is None and record.error is not None and graph_exists(spec):
         why = f"the run raised in pass {record.error_pass} (ending says how); its figures are partial"
         checks = ("gemm_work", "te_saved_bytes") + (("fp8_copies",) if spec.te is not None and spec.te.recipe else ())
+        checks += ("fp8_copies_made",) if spec.te is not None and spec.te.recipe in BLOCK_FORMAT else ()
         return [not_observed(c, case_id, backend, why, figures) for c, figures in
                 zip(checks, [_unknown_figures(spec, why)] + [{}] * len(checks))]
     if skip is not None:
@@ -225,4 +227,6 @@ def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: s
         verdicts.append(saved_copies(case_id, backend, spec, record))
     elif spec.te is not None and spec.te.recipe is not None:
         verdicts.append(fp8_copies(case_id, backend, spec, record))
+    if spec.te is not None and spec.te.recipe in BLOCK_FORMAT and "tex_record" in record.observations:
+        verdicts.append(copies_made(case_id, backend, spec, record))
     return verdicts

@@ -46,6 +46,14 @@ RECIPE_TOLERANCES: dict[str, Tolerance] = {
     # Either recipe in Format.HYBRID (E5M2 gradients, 2 mantissa bits): thunder's te_assert_close uses these for
     # HYBRID/E5M2 recipes; TE tests/pytorch/utils.py dtype_tols(E5M2) gives the same numbers.
     "hybrid": Tolerance(0.25, 0.125, "thunder te_assert_close HYBRID/E5M2 (= TE dtype_tols E5M2)"),
+    # The block-scaled FP8 recipes' elements are E4M3 too (MXFP8, FP8 block scaling; the custom factory's MXFP8).
+    "mxfp8": Tolerance(0.125, 0.0675, "TE tests/pytorch/utils.py quantization_tols (E4M3)"),
+    "block": Tolerance(0.125, 0.0675, "TE tests/pytorch/utils.py quantization_tols (E4M3)"),
+    "custom": Tolerance(0.125, 0.0675, "TE tests/pytorch/utils.py quantization_tols (E4M3)"),
+    # E2M1 (one mantissa bit) rounds a value by at most 1/5 of it (5 -> 4 or 6): E5M2's allowance, the smallest
+    # entry above that.
+    "nvfp4": Tolerance(0.25, 0.125, "E2M1 rounding (at most 1/5 relative): E5M2's allowance"),
+    "nvfp4_rn": Tolerance(0.25, 0.125, "E2M1 rounding (at most 1/5 relative): E5M2's allowance"),
 }
 
 # (backend, dtype) -> Tolerance. Each entry needs a comment saying why the default does not apply.

@@ -9,7 +9,7 @@
     link = "https://github.com/Lightning-AI/lightning-thunder/issues/2076"
     failure = "(frozen weight): 1 wgrad GEMM"     # optional: text those checks' failure must contain
     family = "te_peft"                            # optional: only cases of this family (case ids recur across them)
-    exclude = "*-freeze1111-*"                    # optional, with glob: case ids the pattern must not cover
+    exclude = "*-freeze1111-*"                    # optional, with glob: case ids the pattern must not cover (or a list)
     device = "cuda"                               # optional: "cpu" or "cuda"
     te_version = ">=2.9,<3"                       # optional: a version range; never holds when TE is absent
 
@@ -88,7 +88,7 @@ class Expectation:
     # Case family the entry is limited to, or None.
     family: str | None = None
     # With glob: case-id pattern of cases the entry does not cover, or None.
-    exclude: str | None = None
+    exclude: str | tuple[str, ...] | None = None
     # The checks (Verdict.check names) the gap is about; xfail entries name at least one, skip entries none.
     checks: tuple[str, ...] = ()
     # The elements (parameters by qualified name) the gap is about, where its checks itemize their problems per
@@ -137,6 +137,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     for key, value in entry.items():
         if key in ("checks", "elements"):
             _check_names(path, _key_line(text, key, line), value, key)
+        elif key == "exclude" and isinstance(value, list):
+            _check_names(path, _key_line(text, key, line), value, key)
         elif not isinstance(value, str):
             raise _fail(path, _key_line(text, key, line), f"{key} must be a string, got {value!r}")
     selectors = [k for k in SELECTORS if k in entry]
@@ -168,7 +170,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
                        te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
-                       failure=entry.get("failure"), family=entry.get("family"), exclude=entry.get("exclude"),
+                       failure=entry.get("failure"), family=entry.get("family"),
+                       exclude=tuple(entry["exclude"]) if isinstance(entry.get("exclude"), list) else entry.get("exclude"),
                        checks=tuple(entry.get("checks", ())), elements=tuple(entry.get("elements", ())))
 
 
@@ -251,7 +254,8 @@ def _covers(expectation: Expectation, case_id: str, nodeid: str, family: str | N
     if expectation.prefix is not None:
         return case_id.startswith(expectation.prefix)
     if expectation.glob is not None:
-        excluded = expectation.exclude is not None and fnmatch.fnmatchcase(case_id, expectation.exclude)
+        excludes = (expectation.exclude,) if isinstance(expectation.exclude, str) else expectation.exclude or ()
+        excluded = any(fnmatch.fnmatchcase(case_id, pattern) for pattern in excludes)
         return fnmatch.fnmatchcase(case_id, expectation.glob) and not excluded
     return nodeid.startswith(str(expectation.nodeid))
 

@@ -6,6 +6,8 @@ all 16 masks of 4 layers, alternating, prefix/suffix, and the non-square 32->64-
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from te_verify.matrix.tiers import all_masks, check_tier, dedupe, named_masks
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
 
@@ -31,6 +33,42 @@ def bitfit(family: str, widths: tuple[int, ...], recipes: tuple, x_grads: tuple 
                      te=TEConfig(recipe=r, **te), **spec) for r in recipes for x in x_grads]
 
 
+# The block-scaled recipes (issue 26) and what each needs of a case: MXFP8 blocks of 32 along the rows too (32 rows),
+# NVFP4's random Hadamard transform a bf16 input (TE: "RHT is only supported for bfloat16 input"). "nvfp4_rn" is
+# NVFP4BlockScaling without stochastic rounding (the same-quantization reference cannot draw TE's random bits);
+# "custom" is CustomRecipe over TE's high_precision_fwd_mxfp8_bwd_factory (MXFP8 GEMMs). MXFP8, NVFP4 and the
+# custom factory need emulated sm100 (--te-capability sm100; they skip with TE's reason below it).
+BLOCK_RECIPES = ("block", "mxfp8", "nvfp4_rn", "custom")
+BLOCK_NEEDS = {"block": {}, "mxfp8": {"batch_shape": (32,)}, "nvfp4_rn": {"dtype": "bf16"},
+               "custom": {"batch_shape": (32,)}}
+
+
+def block_te(recipe: str, **te) -> TEConfig:
+    """A TEConfig of a block-scaled recipe (the custom one over its zoo factory)."""
+    return TEConfig(recipe=recipe, qfactory="high_precision_fwd_mxfp8_bwd_factory" if recipe == "custom" else "", **te)
+
+
+def block_spec(family: str, recipe: str, widths: tuple[int, ...], weight_frozen, bias_frozen, x_grad: bool,
+               te: dict | None = None, **spec) -> CaseSpec:
+    """A case of `family` under a block-scaled recipe, on the rows (per expert) and dtype the recipe needs."""
+    needs, te = dict(BLOCK_NEEDS[recipe]), dict(te or {})
+    rows = spec.pop("batch_shape", (16,))
+    if "batch_shape" in needs:
+        rows = (needs.pop("batch_shape")[0] * te.get("experts", 1),)
+    return CaseSpec(family, widths, weight_frozen, bias_frozen, x_grad, rows, te=block_te(recipe, **te),
+                    **needs, **spec)
+
+
+def block_specs(tier: str, pr: Callable[[str], CaseSpec], nightly: Callable[[str], list[CaseSpec]],
+                recipes: tuple[str, ...] = BLOCK_RECIPES) -> list[CaseSpec]:
+    """A family's block-scaled cases: recipe is a pairwise factor, so the pr tier holds one case per recipe (`pr`),
+    the nightly tier also `nightly`'s (smoke: none)."""
+    if tier == "smoke":
+        return []
+    specs = [pr(r) for r in recipes]
+    return specs + [s for r in recipes for s in nightly(r)] if tier == "nightly" else specs
+
+
 def _patterns(tier: str) -> tuple[str, ...]:
     return ("alternating",) if tier == "smoke" else ("alternating", "prefix", "suffix", "none")
 
@@ -53,6 +91,13 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
     specs.append(CaseSpec("te_fp8", FP8_ERROR_WIDTHS, (False, False), (False, False), True, (16,), te=TEConfig(recipe="delayed")))
     if tier != "smoke":
         specs += bitfit("te_fp8", NON_SQUARE4, RECIPES)
+    masks = named_masks(4)
+    specs += block_specs(tier, lambda r: block_spec("te_fp8", r, NON_SQUARE4, masks["alternating"],
+                                                    masks["alternating"], True),
+                         lambda r: [block_spec("te_fp8", r, w, masks[p], masks[p], x)
+                                    for w in (NON_SQUARE4, SQUARE4) for p in ("prefix", "suffix", "none")
+                                    for x in (False, True)]
+                         + [block_spec("te_fp8", r, NON_SQUARE4, masks["all"], BIAS_TRAINED, x) for x in (False, True)])
     return dedupe(specs)
 
 
@@ -83,6 +128,11 @@ def peft_specs(tier: str) -> list[CaseSpec]:
                            freeze_timing=t, te=TEConfig(recipe="delayed"))
                   for p in ("alternating", "prefix") for t in ("after", "unfreeze_after")]
         specs += bitfit("te_peft", NON_SQUARE4, (None, "delayed"))
+    # Without biases: TE issue 1693's case (a frozen weight's layer makes no columnwise grad_output copy).
+    specs += block_specs(tier, lambda r: block_spec("te_peft", r, NON_SQUARE4, named_masks(4)["alternating"], None,
+                                                    False),
+                         lambda r: [block_spec("te_peft", r, NON_SQUARE4, m, b, x) for m in named_masks(4).values()
+                                    for b in (m, None) for x in (False, True)])
     return dedupe(specs)
 
 
@@ -96,6 +146,10 @@ def replay_specs(tier: str) -> list[CaseSpec]:
                       te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes]
     if tier != "smoke":
         specs += bitfit("te_replay", NON_SQUARE4, (None, "delayed"), (True,), replays=2)
+    specs += block_specs(tier, lambda r: block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["alternating"],
+                                                    named_masks(4)["alternating"], True, replays=2),
+                         lambda r: [block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["prefix"],
+                                               named_masks(4)["prefix"], True, replays=3)])
     return dedupe(specs)
 
 
@@ -132,6 +186,15 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
         specs += bitfit("te_delayed", NARROW4, recipes, te=dict(module="linear", delay_wgrad=True, microbatches=2))
     if tier == "nightly":
         specs += history_specs("te_delayed", microbatches=2)
+    dw = lambda mb: dict(module="linear", delay_wgrad=True, microbatches=mb)  # noqa: E731
+    # MXFP8 needs widths divisible by 32; the custom factory's delayed wgrad reaches a CUDA call the emulation lacks
+    # ("Cannot access accelerator device"), so it is not among these.
+    widths = lambda r: NON_SQUARE4 if r == "mxfp8" else NARROW4  # noqa: E731
+    specs += block_specs(tier, lambda r: block_spec("te_delayed", r, widths(r), named_masks(4)["alternating"],
+                                                    named_masks(4)["alternating"], False, te=dw(2)),
+                         lambda r: [block_spec("te_delayed", r, widths(r), named_masks(4)[p], named_masks(4)[p],
+                                               p == "all", te=dw(mb)) for p in ("prefix", "none", "all")
+                                    for mb in (1, 3)], recipes=BLOCK_RECIPES[:3])
     # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
     tied_mbs = (1,) if tier == "smoke" else (1, 2)
     specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),
@@ -157,6 +220,12 @@ def moe_specs(tier: str) -> list[CaseSpec]:
     if tier != "smoke":  # every expert's weight frozen, its bias trained
         specs += [CaseSpec("te_moe", MOE_WIDTHS, (True,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4))
                   for rec in recipes for module in modules for x in xs]
+    moe = lambda f: dict(module="grouped_linear", experts=4, frozen_experts=f)  # noqa: E731
+    specs += block_specs(tier, lambda r: block_spec("te_moe", r, MOE_WIDTHS, (False,), (False,), True,
+                                                    te=moe((1,)), batch_shape=MOE_ROWS),
+                         lambda r: [block_spec("te_moe", r, MOE_WIDTHS, (False,), (False,), x, te=moe(f),
+                                               batch_shape=MOE_ROWS) for f in ((0, 2), (), (0, 1, 2, 3))
+                                    for x in (False, True)])
     return dedupe(specs)
 
 

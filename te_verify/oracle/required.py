@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from te_verify.oracle.copy_bytes import HIGH_PRECISION_FPROP, backward_layout, layout_storages
 from te_verify.oracle.sites import Site
 from te_verify.spec import CaseSpec
 
@@ -158,6 +159,7 @@ def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
     x, w, dy = site.rows * site.fan_in, site.fan_in * site.fan_out, site.rows * site.fan_out
     elements = {"fprop": x + w, "dgrad": dy + w, "wgrad": x + dy}[role]
     fp8 = spec.te is not None and spec.te.recipe is not None
+    fp8 = fp8 and not (role == "fprop" and spec.te.recipe in HIGH_PRECISION_FPROP)
     return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype])
 
 
@@ -166,10 +168,16 @@ def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
     return {s.label: s.roles() for s in sites(spec)}
 
 
-def fp8_copy_bytes(site: Site, kind: str) -> int:
-    """Bytes of one FP8 copy backward reads: one layout of the data and its scale_inv ("input" or "weight")."""
-    elements = site.rows * site.fan_in if kind == "input" else site.fan_in * site.fan_out
-    return elements * FP8_BYTES + SCALE_INV_BYTES
+def fp8_copy_storages(site: Site, kind: str, recipe: str = "delayed") -> list[tuple[str, int]]:
+    """The storages of the FP8 copy backward reads of a site's input or weight ("input" or "weight"): one layout
+    (oracle.copy_bytes.backward_layout) of the data and its scales, as the recipe's format stores them."""
+    m, k = (site.rows, site.fan_in) if kind == "input" else (site.fan_out, site.fan_in)
+    return layout_storages(recipe, kind, m, k, backward_layout(recipe))
+
+
+def fp8_copy_bytes(site: Site, kind: str, recipe: str = "delayed") -> int:
+    """Bytes of one FP8 copy backward reads (fp8_copy_storages summed)."""
+    return sum(b for _, b in fp8_copy_storages(site, kind, recipe))
 
 
 def required_saved(spec: CaseSpec) -> RequiredSaved:
@@ -185,8 +193,8 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
             if role not in s.roles():
                 continue
             if fp8:
-                data = fp8_copy_bytes(s, kind) - SCALE_INV_BYTES
-                items += [(s.layer, label, data), (s.layer, label + "_scale_inv", SCALE_INV_BYTES)]
+                items += [(s.layer, label if part == "data" else f"{label}_{part}", b)
+                          for part, b in fp8_copy_storages(s, kind, spec.te.recipe)]
             elif kind == "input" and s.layer > 0:
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))

@@ -65,7 +65,7 @@ def runs_te_ops(spec: CaseSpec, backend: object) -> bool:
 def _reference_numerics(spec: CaseSpec, backend: object) -> Iterator[None]:
     """te_verify.te.reference serving the TE API, with the bias epilogue of the construct `backend` runs."""
     ops = functional.ops_bias_epilogue() if runs_te_ops(spec, backend) else contextlib.nullcontext()
-    with te_api.using(te_api.resolve("reference")), ops:
+    with te_api.using(te_api.quantized_reference()), ops:
         yield
 
 
@@ -162,9 +162,16 @@ def te_probes(case: CaseRun) -> list:
 
 def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
     """fp8_scaling (checks.fp8_scaling) for an FP8 case over TE's Python; none in high precision, and none for a
-    pure-PyTorch --te-impl, whose quantizations never reach a tex boundary (the row says so)."""
+    pure-PyTorch --te-impl, whose quantizations never reach a tex boundary (the row says so). A block-scaled recipe's
+    scales are not observed by it (per-tensor scaling state only; the row says so): they enter the gradients, which
+    the same-quantization reference, scaling each block by the format's own rule, judges."""
     spec = case.spec
     if spec.te is None or spec.te.recipe is None:
+        return []
+    if spec.te.recipe in te_api.BLOCK_RECIPES:
+        case.figures["fp8_scaling"] = (f"not observed: {spec.te.recipe}'s block scales are no per-tensor scaling state; "
+                                       f"the same-quantization reference's gradients scale each block by the format's "
+                                       f"rule (te.reference.block)")
         return []
     if not te_api.active().runs_te_python:
         case.figures["fp8_scaling"] = f"not applicable: --te-impl {te_api.active().name} has no tex boundary"

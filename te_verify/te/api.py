@@ -93,6 +93,7 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
         MXFP8BlockScaling=getattr(recipes, "MXFP8BlockScaling", None),
         Float8BlockScaling=getattr(recipes, "Float8BlockScaling", None),
         NVFP4BlockScaling=getattr(recipes, "NVFP4BlockScaling", None),
+        CustomRecipe=getattr(recipes, "CustomRecipe", None),
         Format=getattr(recipes, "Format", None),
         is_fp8_available=getattr(module, "is_fp8_available", None),
     )
@@ -176,6 +177,26 @@ def _emulated(why: str, capability: str) -> TEImpl:
 def _reference(why: str) -> TEImpl:
     return TEImpl("reference", REFERENCE, why, "te_verify.te.reference: a pure-PyTorch model of TE's contract (not TE)",
                   lambda: _namespace(importlib.import_module("te_verify.te.reference")))
+
+
+def _quantized_reference_api() -> SimpleNamespace:
+    """The reference's API with its block-scaled recipes (te.reference.block_recipe): the same-quantization reference
+    of TE's runs models them; as a --te-impl the reference offers per-tensor scaling only (its saved copies and waste
+    are modelled per tensor), so block-scaled cases skip there."""
+    from te_verify.te.reference import block_recipe
+
+    api = _namespace(importlib.import_module("te_verify.te.reference"))
+    for name, cls in block_recipe.RECIPE_CLASSES.items():
+        setattr(api, name, cls)
+    api.custom_factory = lambda name: name  # the reference's CustomRecipe takes the zoo factory's name
+    return api
+
+
+@functools.lru_cache(maxsize=1)
+def quantized_reference() -> TEImpl:
+    """te.reference as the same-quantization reference of FP8 and block-scaled cases (te_case.output_reference)."""
+    return TEImpl("reference", REFERENCE, "the same-quantization reference",
+                  "te_verify.te.reference with its block-scaled recipes", _quantized_reference_api)
 
 
 def _external(name: str) -> TEImpl:
@@ -290,12 +311,43 @@ def ensure_te_importable() -> None:
 
 
 # The spec's block-scaling recipe names -> the TE recipe class (api attribute) each builds.
-BLOCK_RECIPES = {"mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
+BLOCK_RECIPES = {"mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling",
+                 "nvfp4_rn": "NVFP4BlockScaling", "custom": "CustomRecipe"}
+# The spec's recipe names -> TE's availability check of the format its GEMMs need (transformer_engine.pytorch); a
+# CustomRecipe by the formats of its factory (spec.CUSTOM_FACTORIES).
+FORMAT_CHECKS = {"mxfp8": "is_mxfp8_available", "block": "is_fp8_block_scaling_available",
+                 "nvfp4": "is_nvfp4_available", "nvfp4_rn": "is_nvfp4_available",
+                 "high_precision_fwd_mxfp8_bwd_factory": "is_mxfp8_available"}
 
 
-def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024):
-    """The spec's recipe name (spec.RECIPES: "delayed", "current", "mxfp8", "block", "nvfp4" or None) as a recipe
-    object of `api`, in `fp8_format` (NVFP4BlockScaling takes none: E2M1 elements, E4M3 scales).
+def recipe_reason(api: SimpleNamespace, recipe: str | None, qfactory: str = "") -> str | None:
+    """Why `api` cannot run the spec's block-scaled `recipe` here (None if it can): a recipe class it lacks, or TE's
+    own availability check of the format's GEMMs (the emulated capability on CPU)."""
+    if recipe not in BLOCK_RECIPES:
+        return None
+    cls = BLOCK_RECIPES[recipe]
+    if getattr(api, cls, None) is None:
+        return f"this TE implementation has no {cls}"
+    check = getattr(getattr(api, "module", None), FORMAT_CHECKS.get(qfactory or recipe, ""), None)
+    if check is None:
+        return None
+    ok, reason = check(return_reason=True)
+    return None if ok else f"{cls}{f'({qfactory})' if qfactory else ''}: {reason}"
+
+
+def custom_factory(api: SimpleNamespace, name: str):
+    """The CustomRecipe factory `name` of TE's quantizer_factory_zoo (the reference: its own model of it)."""
+    if hasattr(api, "custom_factory"):
+        return api.custom_factory(name)
+    zoo = importlib.import_module("transformer_engine.pytorch.custom_recipes.quantizer_factory_zoo")
+    return getattr(zoo, name)
+
+
+def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024,
+                qfactory: str = ""):
+    """The spec's recipe name (spec.RECIPES) as a recipe object of `api`, in `fp8_format` (NVFP4BlockScaling takes
+    none: E2M1 elements, E4M3 scales; "nvfp4_rn" is NVFP4BlockScaling without stochastic rounding, which the
+    same-quantization reference cannot draw; "custom" is CustomRecipe over the zoo factory `qfactory`).
 
     "E4M3" uses E4M3 for gradients too, held to E4M3 tolerances (rtol 0.125, atol 0.0675: TE quantization_tols,
     thunder te_assert_close); "HYBRID" quantizes gradients to E5M2 (2 mantissa bits), held to rtol 0.25, atol 0.125.
@@ -306,7 +358,11 @@ def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M
         cls = getattr(api, BLOCK_RECIPES[recipe], None)
         if cls is None:
             raise TEImplError(f"recipe {recipe!r}: this TE implementation has no {BLOCK_RECIPES[recipe]}")
-        return cls() if recipe == "nvfp4" else cls(fp8_format=getattr(api.Format, fp8_format))
+        if recipe == "custom":
+            return cls(qfactory=custom_factory(api, qfactory))
+        if recipe.startswith("nvfp4"):
+            return cls(disable_stochastic_rounding=True) if recipe == "nvfp4_rn" else cls()
+        return cls(fp8_format=getattr(api.Format, fp8_format))
     fmt = getattr(api.Format, fp8_format)
     if recipe == "delayed":
         # The history length only where the case sets one: a build's DelayedScaling need not take the keyword.

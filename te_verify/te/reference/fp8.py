@@ -33,6 +33,10 @@ class Float8Tensor:
     def dequantize(self) -> torch.Tensor:
         return dequantize(self.data, self.scale_inv)
 
+    def backward_copy(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The copy backward's GEMMs read: per tensor, the same one (block_recipe.BlockCopy has two)."""
+        return self.data, self.scale_inv
+
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size() + self.scale_inv.element_size()

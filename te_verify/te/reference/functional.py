@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import torch
 
 from te_verify.te.reference.autocast import get_fp8_recipe, is_fp8_enabled, note_forward_scaler
+from te_verify.te.reference.block_recipe import BlockScaler, is_block
 from te_verify.te.reference.fp8 import TensorScaler, assert_fp8_dims
 from te_verify.te.reference.gemm_log import bias_grad, fp8_operand, gemm, log_saved
 from te_verify.te.reference.recipe import Recipe
@@ -40,10 +41,12 @@ class LayerState:
         self.weight_copy = qw if self.first_microbatch else None
         return qw
 
-    def scaler(self, slot: str, recipe: Recipe, device: torch.device) -> TensorScaler:
+    def scaler(self, slot: str, recipe: Recipe, device: torch.device) -> TensorScaler | BlockScaler:
         """The slot's scaling state, made on `device` (the tensors it scales) on first use."""
         if recipe is not self.recipe:
             self.recipe, self.scalers = recipe, {}
+        if slot not in self.scalers and is_block(recipe):
+            self.scalers[slot] = BlockScaler(recipe, slot)
         if slot not in self.scalers:
             fmt = recipe.fp8_format
             dtype = fmt.bwd_dtype if slot == "grad_output" else fmt.fwd_dtype
@@ -79,8 +82,9 @@ def epilogue_bias(b: torch.Tensor, fp8: bool) -> torch.Tensor:
 
 def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                    need_wgrad: bool, need_dgrad: bool):
-    """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta)."""
-    fp8 = is_fp8_enabled()
+    """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta).
+    The copies saved are those backward reads: a block-scaled recipe's columnwise copies (block_recipe)."""
+    fp8 = gemm_fp8 = is_fp8_enabled()
     x2d = _as_2d(x)
     meta = torch.tensor([float(fp8)], device=x.device)
     x_si = w_si = None
@@ -93,14 +97,16 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         for slot in ("input", "weight"):
             note_forward_scaler(state.scalers[slot])
         x_op, w_op = fp8_operand(qx.data, qx.scale_inv), fp8_operand(qw.data, qw.scale_inv)
-        saved_x, saved_w = (qx.data if need_wgrad else None), (qw.data if need_dgrad else None)
-        x_si, w_si = (qx.scale_inv if need_wgrad else None), (qw.scale_inv if need_dgrad else None)
+        (bx, bx_si), (bw, bw_si) = qx.backward_copy(), qw.backward_copy()
+        saved_x, saved_w = (bx if need_wgrad else None), (bw if need_dgrad else None)
+        x_si, w_si = (bx_si if need_wgrad else None), (bw_si if need_dgrad else None)
+        gemm_fp8 = getattr(qx, "quantized", (True,))[0]  # a CustomRecipe may run fprop in high precision
     else:
         x_op, w_op = x2d, w
         saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
-    out = gemm(state.label, "fprop", x_op, w_op.t(), fp8)
+    out = gemm(state.label, "fprop", x_op, w_op.t(), gemm_fp8)
     if b is not None:
-        out = out + epilogue_bias(b, fp8).to(out.dtype)
+        out = out + epilogue_bias(b, fp8).to(out.dtype)  # TE casts by the autocast, not by the GEMM's operands
     if saved_x is not None:
         log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
     if saved_w is not None:
@@ -134,9 +140,10 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
         scaler = state.scaler("grad_output", state.recipe, g2d.device)
         qg = scaler.quantize(g2d)
         g_op = fp8_operand(qg.data, qg.scale_inv)
+        g_col = fp8_operand(*qg.backward_copy())
         scaler.update()
     else:
-        g_op = g2d
+        g_op = g_col = g2d
     dgrad = wgrad = bgrad = None
     if need_dgrad:
         w_op = _operand(saved_w, w_si, fp8)
@@ -144,7 +151,7 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
         dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
     if need_wgrad:
         x_op = _operand(saved_x, x_si, fp8)
-        wgrad = wgrad_thunk(state.label, g_op, x_op, fp8)
+        wgrad = wgrad_thunk(state.label, g_col, x_op, fp8)
         wgrad = wgrad if defer_wgrad else wgrad()
     if need_bgrad:
         bgrad = bias_grad(state.label, g2d).to(grad_out.dtype)

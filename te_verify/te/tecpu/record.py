@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from te_verify.te.tecpu import copy_layouts
+from te_verify.te.tecpu.copy_layouts import CopySeen
 from te_verify.te.tecpu.te_classes import shape_of
 
 TEX_MODULE = "transformer_engine_torch"
@@ -132,12 +134,15 @@ class TexRecord:
     copy_bytes: dict[RootKey, int] = field(default_factory=dict)
     # tex entry points called that the record does not measure (UNMEASURED), in call order.
     unmeasured: list[str] = field(default_factory=list)
+    # Buffer key of a quantized copy -> its layouts, their bytes and the GEMMs that read them (copy_layouts).
+    copies: dict[RootKey, CopySeen] = field(default_factory=dict)
 
 
 def _buffers(q: Any) -> list[torch.Tensor]:
     """The plain tensors a quantized tensor holds (rowwise/columnwise data and scales; not a transpose marked
     invalid, which TE's C++ never reads)."""
-    names = ("_data", "_transpose", "_scale_inv", "_rowwise_data", "_columnwise_data")
+    names = ("_data", "_transpose", "_scale_inv", "_rowwise_data", "_columnwise_data", "_rowwise_scale_inv",
+             "_columnwise_scale_inv", "_amax_rowwise", "_amax_columnwise")
     if getattr(q, "_transpose_invalid", False):
         names = tuple(n for n in names if n != "_transpose")
     return [b for b in (getattr(q, n, None) for n in names) if isinstance(b, torch.Tensor)]
@@ -198,9 +203,10 @@ class TexRecorder:
 
     def note_copy(self, source: torch.Tensor, copy: Any) -> None:
         """Map every buffer of a quantized copy to its source's root."""
-        buffers = _buffers(copy)
-        self._map(buffers, self.root(source))
+        buffers, root = _buffers(copy), self.root(source)
+        self._map(buffers, root)
         self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
+        copy_layouts.note(self.record.copies, self.key(buffers[0]), copy, root, self.phase)
 
     def _map(self, buffers: list[torch.Tensor], source: RootKey | None) -> None:
         """A copy's buffers (and any slice of them) resolve to `source`."""
@@ -230,6 +236,10 @@ class TexRecorder:
         fp8 = bool(_buffers(a)) or bool(_buffers(b))
         layout = ("T" if transa else "N") + ("T" if transb else "N")
         read = a_rows * a_cols * _element_bytes(a) + b_rows * b_cols * _element_bytes(b)
+        for t, rowwise in ((a, transa), (b, not transb)):  # the layout each operand is read in
+            if _buffers(t):
+                copy_layouts.note(self.record.copies, self.key(_buffers(t)[0]), t, self.root(t), self.phase,
+                                  (ROLES_BY_LAYOUT.get(layout, "unknown"), "rowwise" if rowwise else "columnwise"))
         return TexGemm(self.phase, self.pass_index, op, layout, bool(grad), m, n, k, fp8, bool(accumulate),
                        self.root(a), self.root(b), self.root(d) if isinstance(d, torch.Tensor) else None, read)
 
