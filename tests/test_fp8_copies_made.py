@@ -1,0 +1,97 @@
+"""fp8_copies_made (checks.fp8_copies) on TE's own Linear under Float8BlockScaling over the tex emulation (sm90):
+a weight whose input needs no gradient (a frozen first layer, and the trained layer after it) has no dgrad, so no
+columnwise copy of it is needed. The clean run
+(TE 2.20.2 makes none, and without biases no columnwise grad_output copy for the frozen layers: TE issue 1693's fix)
+passes; a planted TE build keeping a columnwise copy of every weight fails naming the frozen layers; the per-recipe
+copy sizes of the oracle match what TE allocates for the copies it keeps."""
+import sys
+
+import pytest
+
+from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.checks.fp8_copies import copies_made, fp8_copies
+from te_verify.oracle.copy_bytes import layout_bytes
+from te_verify.run import te_case
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.spec import CaseSpec, TEConfig
+from te_verify.te import api as te_api
+
+ALT = (True, False, True, False)  # layers 0 and 2 frozen
+SPEC = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, None, False, (16,), te=TEConfig(recipe="block"))
+
+
+class _Case:
+    """What te_case.te_probes reads of a case."""
+
+    def __init__(self, spec: CaseSpec) -> None:
+        self.spec, self.backend_name, self.backend = spec, "te_eager", TEEagerBackend()
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    impl = te_api.resolve("transformer_engine_cpu", "sm90")
+    with te_api.using(impl):
+        impl.api  # noqa: B018 -- boots TE's Python over the emulation
+        yield impl
+
+
+def _run(spec: CaseSpec):
+    case = _Case(spec)
+    return run_mean_reduced(spec, case.backend, te_case.te_probes(case))
+
+
+class ColumnwiseWeightCopies:
+    """Planted TE build: every weight (a Parameter) is quantized with a columnwise copy, needed or not (TE PR 3233's
+    waste, for any weight)."""
+
+    def __enter__(self) -> "ColumnwiseWeightCopies":
+        import torch
+
+        self.tex = sys.modules["transformer_engine_torch"]
+        self.original = self.tex.quantize
+
+        def quantize(tensor, quantizer, *args, **kwargs):
+            if isinstance(tensor, torch.nn.Parameter):
+                quantizer.set_usage(rowwise=True, columnwise=True)
+            return self.original(tensor, quantizer, *args, **kwargs)
+        self.tex.quantize = quantize
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tex.quantize = self.original
+
+
+def test_clean_block_run_makes_no_unneeded_columnwise_copy(emulated):
+    got = _run(SPEC)
+    verdict = copies_made(SPEC.id, "te_eager", SPEC, got)
+    assert verdict.ok, verdict.message
+    made = verdict.figures["fp8_copies_made"]
+    assert verdict.figures["fp8_copies_made_compared"] >= 8
+    assert "columnwise" not in made["0/weight"]["layouts"]  # frozen, its input needs no gradient
+    assert made["2/grad_output"]["layouts"].keys() == {"rowwise"}  # frozen, no bias: TE 1693's fix
+    assert made["2/weight"]["layouts"]["columnwise"] == layout_bytes("block", "weight", 64, 128, "columnwise")
+    assert made["3/input"]["layouts"]["columnwise"] == layout_bytes("block", "input", 16, 64, "columnwise")
+
+
+def test_planted_columnwise_weight_copy_fails_naming_the_frozen_layers(emulated):
+    with ColumnwiseWeightCopies():
+        got = _run(SPEC)
+    verdict = copies_made(SPEC.id, "te_eager", SPEC, got)
+    assert not verdict.ok
+    assert "layer 0: weight has a columnwise copy" in verdict.message
+    assert "(dgrad not needed" in verdict.message
+    assert "layer 1: weight has a columnwise copy" in verdict.message  # trained, but its input needs no gradient
+    assert not any("layer 2" in p or "layer 3" in p for p in verdict.problems), verdict.problems
+
+
+def test_saved_copies_are_sized_per_recipe(emulated):
+    """fp8_copies holds the saved input copies (wgrad needed: layers 1 and 3) to the block format's columnwise
+    layout (data and its padded fp32 scales): none is named. TE also keeps the rowwise weight data beside the
+    columnwise copy dgrad reads (TE PR 1770, recorded): exactly one more layout of the 128x128-tiled weight."""
+    got = _run(SPEC)
+    verdict = fp8_copies(SPEC.id, "te_eager", SPEC, got)
+    assert verdict.figures["fp8_copies_compared"] == 8
+    assert "input FP8 copy" not in verdict.message, verdict.message
+    column = layout_bytes("block", "weight", 64, 128, "columnwise")
+    both = column + layout_bytes("block", "weight", 64, 128, "rowwise")
+    assert f"layer 2: saved weight FP8 copy: {both:,} B in 4 buffers, {column:,} B required" in verdict.message
