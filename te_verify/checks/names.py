@@ -18,6 +18,7 @@ CHECKS: tuple[str, ...] = (
     "ending",  # checks/ending.py
     "engine_state",  # checks/training.py
     "fp8_copies",  # checks/fp8_copies.py
+    "fp8_copies_made",  # checks/fp8_copies.py
     "fp8_scaling",  # checks/fp8_scaling.py
     "fp8_shape_error",  # cases/test_te_fp8.py
     "fp8_shape_unclaimed",  # cases/test_te_fp8.py
