@@ -7,6 +7,7 @@ from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix.te import contract_specs as SPECS  # noqa: F401
@@ -28,4 +29,5 @@ def test_te_contract(case):
                   output_parity(spec.id, case.backend_name, output_reference(spec, run_microbatches), got, tol),
                   params_after_steps(spec.id, case.backend_name, ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
-                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False)])
+                  *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
+                  *te_compile_verdicts(case, got)])

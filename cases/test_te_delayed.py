@@ -17,6 +17,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.systematic import grad_scale
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
@@ -50,7 +51,8 @@ def test_te_delayed(case):
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
-                  *scaling_verdicts(case, got)])
+                  *scaling_verdicts(case, got),
+                  *te_compile_verdicts(case, got)])
 
 
 def vs_eager(case, got, eager, quantized) -> list:

@@ -12,11 +12,13 @@ from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
 from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.checks.verdict import Verdict
 from te_verify.te.fp8 import fp8_dims_ok
+from te_verify.probes import TE_COMPILE_BACKENDS
 from te_verify.matrix.te import fp8_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
@@ -36,7 +38,7 @@ def refused_layers(spec) -> set[str]:
 def _error_input_verdicts(case, got, ref) -> list[Verdict]:
     """te_eager refuses at forward in TE's words; thunder_te runs the refused linears outside TE."""
     spec, name = case.spec, case.backend_name
-    if name == "te_eager":
+    if name == "te_eager" or name in TE_COMPILE_BACKENDS:  # TE's modules themselves, compiled or not
         ok = got.error is not None and got.error_pass == 0 and "divisible" in str(got.error)
         msg = "" if ok else f"[{spec.id}] te_eager: expected TE to refuse the FP8 shape at forward, got {got.error!r}"
         return [Verdict("fp8_shape_error", ok, msg)]
@@ -56,9 +58,10 @@ def test_te_fp8(case):
     if refused_layers(spec):
         got = run_te(case, follow=ref)
         skip = "FP8 refuses these widths: te_eager raises, thunder_te leaves the layers to torch"
-        trains = case.backend_name != "te_eager"  # te_eager must raise at forward: no later iteration to measure
+        trains = case.backend_name not in ("te_eager", *TE_COMPILE_BACKENDS)  # TE raises at forward: no later iteration
         case.require(_error_input_verdicts(case, got, ref) + te_waste(spec.id, case.backend_name, spec, got, skip)
-                     + leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=trains))
+                     + leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=trains)
+                     + te_compile_verdicts(case, got))
         return
     tol = tolerance_for(spec, case.backend_name)
     quantized = output_reference(spec, backend=case.backend)
@@ -69,7 +72,8 @@ def test_te_fp8(case):
                 state_left_behind(spec.id, case.backend_name, ref, got, tol),
                 *leftover_verdicts(spec.id, case.backend_name, ref, got),
                 *te_waste(spec.id, case.backend_name, spec, got),
-                *scaling_verdicts(case, got)]
+                *scaling_verdicts(case, got),
+                *te_compile_verdicts(case, got)]
     if case.backend_name != "te_eager":
         te_eager = run_mean_reduced(spec, TEEagerBackend(), follow=quantized)
         vs_te = grad_parity(spec.id, case.backend_name, te_eager, got, tol)

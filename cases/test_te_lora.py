@@ -7,6 +7,7 @@ runs no wgrad GEMM (checks.te_family).
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.state import output_parity
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_family import te_family_waste
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.tolerances import derived_tolerance, tolerance_for, truth_bound
@@ -44,4 +45,5 @@ def test_te_lora(case):
                      *fp8_value_verdicts(case, got, quantized, ref)]
     else:  # every element leaning the same way, below the derived tolerance (checks.systematic)
         verdicts.append(grad_scale(spec.id, case.backend_name, ref, got, truth_bound(spec, truth)))
-    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got), *scaling_verdicts(case, got)])
+    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got), *scaling_verdicts(case, got),
+                  *te_compile_verdicts(case, got)])

@@ -1,13 +1,13 @@
 """Replays (seed 001): k backward passes with retain_graph=True over one forward.
 
-te_eager is held to fp32 eager, which completes every pass: real TE frees its saved state in the first backward
-and raises in the second (TE issue 990), so those cases are recorded known gaps, and the row keeps the class and
-message TE raised. thunder_te is held to te_eager: it must end the same way (same exception class at the same
-pass, or equal gradients after every pass); its maintainers asked for exactly that (thunder issue 701). Every row
-carries the waste figures (checks.te_waste): each replay repeats exactly the required backward GEMMs. The
-gradients of the last pass both runs completed are also the grad_parity check's (beside a replay gap, a wrong
-first pass still fails). FP8 replays and gradients are held to the reference on the same FP8 operands
-(checks.fp8_tolerance), not TE's dtype table.
+te_eager and torch_compile_te (TE's modules, eager or compiled) are held to fp32 eager, which completes every pass:
+real TE frees its saved state in the first backward and raises in the second (TE issue 990), so those cases are
+recorded known gaps, and the row keeps the class and message TE raised. thunder_te is held to te_eager: it must end
+the same way (same exception class at the same pass, or equal gradients after every pass); its maintainers asked for
+exactly that (thunder issue 701). Every row carries the waste figures (checks.te_waste): each replay repeats exactly
+the required backward GEMMs. The gradients of the last pass both runs completed are also the grad_parity check's
+(beside a replay gap, a wrong first pass still fails). FP8 replays and gradients are held to the reference on the
+same FP8 operands (checks.fp8_tolerance), not TE's dtype table.
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend, skip_unsupported
@@ -15,10 +15,12 @@ from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix.te import replay_specs as SPECS  # noqa: F401
+from te_verify.probes import TE_COMPILE_BACKENDS
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
 
@@ -29,9 +31,10 @@ LANE = "te"
 def test_te_replay(case):
     spec = case.spec
     skip_unsupported(case)
-    ref = run_mean_reduced(spec, EagerBackend() if case.backend_name == "te_eager" else TEEagerBackend())
+    te_modules = case.backend_name in ("te_eager", *TE_COMPILE_BACKENDS)  # TE's modules, eager or compiled
+    ref = run_mean_reduced(spec, EagerBackend() if te_modules else TEEagerBackend())
     quantized = output_reference(spec, backend=case.backend)
-    outputs_ref = quantized if case.backend_name == "te_eager" else ref
+    outputs_ref = quantized if te_modules else ref
     tol = tolerance_for(spec, case.backend_name)
     got = run_te(case, follow=quantized if spec.te.recipe else ref)
     values = (fp8_value_verdicts(case, got, quantized, ref) if spec.te.recipe
@@ -44,4 +47,5 @@ def test_te_replay(case):
                   *values,
                   *leftover_verdicts(spec.id, case.backend_name, ref, got),
                   *te_waste(spec.id, case.backend_name, spec, got),
-                  *scaling_verdicts(case, got)])
+                  *scaling_verdicts(case, got),
+                  *te_compile_verdicts(case, got)])

@@ -17,6 +17,7 @@ import pytest
 
 from te_verify import compat, environment, tmpdirs
 from te_verify.run import process_state
+from te_verify.te import compile_path
 from te_verify import device as run_device
 from te_verify.checks.leftovers import process_left_by_test
 from te_verify.checks.verdict import CheckFailures
@@ -134,6 +135,7 @@ class Session:
             "devices": sorted({row["device"] for row in self.rows if row.get("device")}),  # one GPU per worker
             "shard": str(self.shard) if self.shard else None,
             "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
+            "te_compile": compile_path.support_line(),
             "compat": sorted(self.compat | set(compat.APPLIED)),
             "backends": {b.name: _availability(b) for b in self.backends.values()},
             "dist_wrappers": list(self.dist_wrappers),
@@ -182,6 +184,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"te_verify device: {environment.device()}" + (f"; shard {session.shard}" if session.shard else ""),
         f"te_verify TE implementation: {session.te_impl.name}: {session.te_impl.describe} ({session.te_impl.why})",
         "te_verify compatibility steps: " + ("; ".join(compat.APPLIED) or "none"),
+        f"te_verify TE torch.compile: {compile_path.support_line()}",
     ]
 
 

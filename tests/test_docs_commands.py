@@ -112,6 +112,14 @@ SMALLEST: dict[str, Smallest] = {
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),
     ".venv/bin/python scripts/bench_thunder.py": Smallest(None, "a benchmark"),
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
+    # docs/te-compile.md: the torch 2.14.1 environment (5.4 GB, minutes to install) and runs in it; the pinned one.
+    "bash scripts/bootstrap_torch214.sh": Smallest(None, "installs torch 2.14.1 with its CUDA libraries (5.4 GB)"),
+    "bash scripts/run_torch_compile_te.sh": Smallest(
+        None, "bootstraps .venv-torch214 first; tests/test_te_compile.py runs the compiled-path tests there"),
+    "bash scripts/run_torch_compile_te.sh --tier nightly --backend torch_compile_te --backend torch_compile_te_inductor "
+    "--report-dir reports/torch214-nightly": Smallest(None, "the nightly tier in .venv-torch214: the nightly workflow"),
+    "pytest cases/ --tier pr -n 2 --backend torch_compile_te": Smallest(
+        None, "minutes; tests/test_te_compile.py runs one torch_compile_te case through the plugin"),
 }
 
 

@@ -61,6 +61,24 @@ def test_load_and_match(tmp_path):
     assert covering([narrow], "thunder_te", case, "", {"te_version": "3.0.0", "device": "cuda"}) == []
 
 
+def test_torch_version_scopes_an_entry_by_torch_s_public_version(tmp_path):
+    """TE's compiled torch.compile path needs torch >= 2.14: an entry about it holds from 2.14 on, a +cpu or +cu
+    local label aside, and never where the env names no torch."""
+    _write(tmp_path, "torch_compile_te.toml", f'''\
+        [[xfail]]
+        prefix = "lin4-"
+        checks = ["replay"]
+        reason = "TE's compiled op completes the replay"
+        link = "{LINK}"
+        torch_version = ">=2.14"
+        ''')
+    (entry,) = load_expectations(tmp_path)
+    for torch_version, holds in (("2.14.1+cu130", True), ("2.15.0.dev20260101", True), ("2.13.0+cpu", False),
+                                 (None, False)):
+        env = {**CPU, "torch_version": torch_version}
+        assert covering([entry], "torch_compile_te", "lin4-w8", "", env) == ([entry] if holds else []), torch_version
+
+
 @pytest.mark.parametrize("text, line, words", [
     ('[[xfail]]\nprefix = "a"\nreason = "r\nlink = ""\n', 3, "invalid TOML"),
     ('[[xfail]]\nprefix = "a"\nreason = "r"\nlink = ""\nissue = 5\n', 5, "unknown key 'issue'"),
@@ -72,6 +90,7 @@ def test_load_and_match(tmp_path):
     ('[[skip]]\nprefix = "a"\nreason = "r"\n\n[[xfial]]\nprefix = "b"\n', 5, "unknown status 'xfial'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\ndevice = "tpu"\n', 4, "device 'tpu'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\nte_version = "2.9+"\n', 4, "te_version '2.9+'"),
+    ('[[skip]]\nprefix = "a"\nreason = "r"\ntorch_version = "2.14+"\n', 4, "torch_version '2.14+'"),
     ('[[xfail]]\nprefix = "a"\nreason = "r"\nlink = "#2076"\nchecks = ["ending"]\n', 4, "not an http(s) URL"),
     ('[[skip]]\nreason = "r"\n', 1, "exactly one of 'prefix'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\n[[skip]]\nprefix = "a"\nreason = "again"\n', 4, "duplicate"),

@@ -46,6 +46,7 @@ CHECKS: tuple[str, ...] = (
     "return_contract",  # checks/te_contract.py
     "saved_copies",  # checks/te_waste.py
     "state_left_behind",  # checks/state.py
+    "te_compile_path",  # checks/te_compile.py
     "te_family_gemms",  # checks/te_family.py
     "te_saved_bytes",  # checks/te_waste.py
     "te_waste",  # checks/te_waste.py

@@ -12,6 +12,7 @@
     exclude = "*-freeze1111-*"                    # optional, with glob: case ids the pattern must not cover (or a list)
     device = "cuda"                               # optional: "cpu" or "cuda"
     te_version = ">=2.9,<3"                       # optional: a version range; never holds when TE is absent
+    torch_version = ">=2.14"                      # optional: a torch version range (local labels like +cpu ignored)
 
     [[skip]]
     prefix = "lin2-"
@@ -42,8 +43,8 @@ from packaging.version import InvalidVersion, Version
 from te_verify.checks.names import CHECKS, unknown_check_message
 
 STATUSES = ("xfail", "skip")
-KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "device",
-        "checks", "elements"}
+KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "torch_version",
+        "device", "checks", "elements"}
 SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
@@ -79,6 +80,8 @@ class Expectation:
     link: str = ""
     # Optional TE version range (PEP 440 specifier set, e.g. ">=2.9,<3").
     te_version: str | None = None
+    # Optional torch version range: TE's torch.compile path runs from torch 2.14 on (te_verify.te.compile_path).
+    torch_version: str | None = None
     # Optional device kind the entry is limited to: "cpu" or "cuda".
     device: str | None = None
     # Case-id pattern (fnmatch), or None.
@@ -162,15 +165,17 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         raise _fail(path, _key_line(text, "link", line), f"link {link!r} is not an http(s) URL")
     if "device" in entry and entry["device"] not in DEVICES:
         raise _fail(path, _key_line(text, "device", line), f"device {entry['device']!r}: expected one of {DEVICES}")
-    if "te_version" in entry:
+    for key in ("te_version", "torch_version"):
         try:
-            SpecifierSet(entry["te_version"])
+            SpecifierSet(entry.get(key, ""))
         except InvalidSpecifier:
-            raise _fail(path, _key_line(text, "te_version", line), f"te_version {entry['te_version']!r} is not a version range like '>=2.9,<3'") from None
+            raise _fail(path, _key_line(text, key, line),
+                        f"{key} {entry[key]!r} is not a version range like '>=2.9,<3'") from None
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
-                       te_version=entry.get("te_version"), device=entry.get("device"), glob=entry.get("glob"),
-                       failure=entry.get("failure"), family=entry.get("family"),
+                       te_version=entry.get("te_version"), torch_version=entry.get("torch_version"),
+                       device=entry.get("device"), glob=entry.get("glob"), failure=entry.get("failure"),
+                       family=entry.get("family"),
                        exclude=tuple(entry["exclude"]) if isinstance(entry.get("exclude"), list) else entry.get("exclude"),
                        checks=tuple(entry.get("checks", ())), elements=tuple(entry.get("elements", ())))
 
@@ -207,7 +212,7 @@ def load_file(path: Path) -> list[Expectation]:
         counters[status] += 1
         expectation = _check_entry(path, text, line, status, data[status][index])
         first = seen.setdefault((expectation.status, expectation.key, expectation.family, expectation.te_version,
-                                 expectation.checks), line)
+                                 expectation.torch_version, expectation.checks), line)
         if first != line:
             raise _fail(path, line, f"duplicate [[{status}]] {expectation.key!r}, first at line {first}")
         entries.append(expectation)
@@ -238,14 +243,16 @@ def device_kind(device: str | None) -> str:
 
 
 def applies(expectation: Expectation, env: dict) -> bool:
-    """Do the entry's conditions hold in `env` ({"te_version": str | None, "device": str})?"""
+    """Do the entry's conditions hold in `env` ({"te_version": str | None, "device": str, "torch_version": str})?"""
     if expectation.device and device_kind(env.get("device")) != expectation.device:
         return False
     if expectation.te_version:
         version = _te_version(env)
         if version is None or not SpecifierSet(expectation.te_version).contains(version, prereleases=True):
             return False
-    return True
+    torch_version = Version(str(env.get("torch_version") or "0")).public
+    return (not expectation.torch_version
+            or SpecifierSet(expectation.torch_version).contains(torch_version, prereleases=True))
 
 
 def _covers(expectation: Expectation, case_id: str, nodeid: str, family: str | None = None) -> bool:
@@ -273,13 +280,15 @@ def skip_entry(entries: list[Expectation]) -> Expectation | None:
 
 
 def current_env() -> dict:
-    """The env for `match`: the TE version whose Python serves the TE families (None when none does)."""
+    """The env for `match`: the TE version whose Python serves the TE families (None when none does), torch's."""
+    import torch
+
     from te_verify import device as run_device
     from te_verify.te.api import transformer_engine_version
     from te_verify.te import api as te_api
 
     version = transformer_engine_version() if te_api.active().runs_te_python else None
-    return {"te_version": version, "device": run_device.describe()}
+    return {"te_version": version, "device": run_device.describe(), "torch_version": torch.__version__}
 
 
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:

@@ -44,7 +44,7 @@ def _toml_str(value: str) -> str:
 def format_entry(status: str, fields: dict) -> str:
     """One `[[status]]` table with keys in a fixed order."""
     order = ("prefix", "glob", "exclude", "nodeid", "family", "checks", "reason", "link", "failure", "te_version",
-             "device")
+             "torch_version", "device")
     body = [f"{k} = {_toml_str(list(fields[k]) if isinstance(fields[k], tuple) else fields[k])}" for k in order
             if fields.get(k) is not None and fields.get(k) != ()]
     return "\n".join([f"[[{status}]]", *body]) + "\n"

@@ -4,7 +4,9 @@ from __future__ import annotations
 from te_verify.probes.base import Probe
 
 
-TE_BACKENDS = ("te_eager", "thunder_te")
+TE_BACKENDS = ("te_eager", "thunder_te", "torch_compile_te", "torch_compile_te_inductor")
+# TE backends under torch.compile: their rows also say what the compiler did with TE (probes.te_compile).
+TE_COMPILE_BACKENDS = ("torch_compile_te", "torch_compile_te_inductor")
 
 
 def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe]:
@@ -15,7 +17,8 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
     families: a second copy of a site's input is waste the saved check names by site). TE backends over TE's Python (real or on the tex emulation):
     the tex layer's GEMMs by layer and role (probes.tex_gemm) instead of aten's. TE backends over a pure-PyTorch
     --te-impl (the reference, a user's module): aten's GEMMs, and the reference's own GEMM log as a second source
-    the checks hold to agree with it. Every TE backend also records warnings.
+    the checks hold to agree with it. Every TE backend also records warnings; the torch.compile ones what the
+    compiler did with TE's modules (probes.te_compile).
     """
     from te_verify.probes.flops import GemmProbe
     from te_verify.probes.memory import PeakMemoryProbe
@@ -28,9 +31,11 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
 
     impl = te_api.active()
     if impl.runs_te_python:
+        from te_verify.probes.te_compile import TECompileProbe
         from te_verify.probes.tex_gemm import TexGemmProbe
 
-        return [TexGemmProbe(), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
+        compiled = [TECompileProbe()] if backend_name in TE_COMPILE_BACKENDS else []
+        return [TexGemmProbe(), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe(), *compiled]
     # An FP8 --te-impl multiplies rounded copies: follow copies back to the weights and activations they came from.
     probes = [GemmProbe(follow_copies=True), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
     if impl.kind == te_api.REFERENCE:

@@ -193,6 +193,21 @@ _CONV = 8  # a convolution or its backward: the ones that are GEMMs tell the lis
 # every op alive.
 _OP_INFO: dict[int, tuple[int, Callable[..., Any], tuple[int, int] | None]] = {}
 _KNOWN_OPS: list[Any] = []
+# Custom-op namespaces whose Python implementation runs under the watcher (a mode sees a custom op whole, its inner
+# ops not): TE's torch.compile op (TE 2.20 module/linear.py) makes its quantized copies inside it, and the tex record
+# keys them there, so their storages must get their serials where they are made, not when the op returns.
+SEE_INSIDE = ("transformer_engine_compile",)
+_AFTER_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+
+
+def _inside(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a custom op's kernel (the dispatch keys below this mode's) with the active watcher on the mode stack."""
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            keys = keys | torch._C._dispatch_keys(a)
+    with _ACTIVE[-1]:
+        return func.redispatch(keys & _AFTER_PYTHON, *args, **kwargs)
 
 
 def _op_info(func: Any) -> tuple[int, Callable[..., Any], tuple[int, int] | None]:
@@ -211,7 +226,8 @@ def _op_info(func: Any) -> tuple[int, Callable[..., Any], tuple[int, int] | None
     elif getattr(func, "overloadpacket", None) in CONV_OPS:
         kind |= _CONV
     _KNOWN_OPS.append(func)
-    _OP_INFO[id(func)] = info = (kind, getattr(func, "_op", func), operands)
+    run = partial(_inside, func) if getattr(func, "namespace", None) in SEE_INSIDE else getattr(func, "_op", func)
+    _OP_INFO[id(func)] = info = (kind, run, operands)
     return info
 
 

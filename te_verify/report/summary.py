@@ -97,6 +97,18 @@ def selection_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def te_compile_lines(header: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """What torch needs for TE's compile path, and per backend how many rows ran it ("compiled") or fell back."""
+    paths: dict[str, Counter] = defaultdict(Counter)
+    for row in rows:
+        path = row.get("figures", {}).get("te_compile_path")
+        if path:
+            paths[row["backend"]][path] += 1
+    lines = [f"TE torch.compile: {header['te_compile']}"] if header.get("te_compile") else []
+    return lines + [f"TE's compile path in {backend} rows: " + ", ".join(f"{n} {p}" for p, n in sorted(c.items()))
+                    for backend, c in sorted(paths.items())]
+
+
 def render_summary(results: dict[str, Any]) -> str:
     header, rows = results["header"], results["rows"]
     table = cells(rows)
@@ -117,6 +129,7 @@ def render_summary(results: dict[str, Any]) -> str:
         *([f"Shard {header['shard']}"] if header.get("shard") else []),
         *([f"Merged from shards {', '.join(header['shards'])}"] if header.get("shards") else []),
         "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
+        *te_compile_lines(header, rows),
         "",
         "## Outcomes (family x backend)",
         "",

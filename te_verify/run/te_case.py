@@ -24,6 +24,7 @@ from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_claims import unclaimed_reason
+from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.oracle.required import te_sites
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
@@ -216,4 +217,5 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
                          *scaling_verdicts(case, got),
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
-                         *te_waste(spec.id, name, spec, got)])
+                         *te_waste(spec.id, name, spec, got),
+                         *te_compile_verdicts(case, got)])
