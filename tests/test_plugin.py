@@ -1,5 +1,5 @@
 """The pytest plugin: rows from every xdist worker reach results.json, bad options fail in one line,
-and an external backend runs through the whole pr matrix."""
+and an external backend runs through the whole torch lane."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from proof_tier import PROOF_TIER, torch_lane_cases
+
 from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
 from te_verify.matrix.stacks import FAMILIES
-from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,16 +67,15 @@ def test_report_header_names_versions_and_compat():
             "(C++ kernels not under test); emulated sm90") in out
 
 
-def test_external_backend_runs_the_whole_pr_matrix(tmp_path):
-    """Every pr-tier candidate of the torch lane (--pr-candidates: no choice), each passing."""
-    proc = run_pytest("cases", "--tier", "pr", "--backend", "external_backend:FunctionalCallBackend", "-n", "2",
-                      "--report-dir", str(tmp_path), "--pr-candidates")
+def test_external_backend_runs_the_whole_torch_lane(tmp_path):
+    """Every torch-lane case of the proof tier (at pr: every candidate, --pr-candidates), each passing."""
+    candidates = ["--pr-candidates"] if PROOF_TIER == "pr" else []
+    proc = run_pytest("cases", "--tier", PROOF_TIER, *candidates, "--backend", "external_backend:FunctionalCallBackend",
+                      "-n", "2", "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    torch_lane = sum(len(gen("pr")) for gen in (*FAMILIES.values(), lora_specs, stage_specs, hf_peft_specs,
-                                                 litgpt_lora_specs))
     passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
-    assert len(passed) == torch_lane
+    assert len(passed) == torch_lane_cases()
 
 
 def _expectations(tmp_path: Path, prefix: str) -> Path:
@@ -139,18 +139,37 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
         assert proc.returncode == 1 and row["outcome"] == "failed" and "forward output" in proc.stdout
 
 
-@pytest.mark.parametrize("backend", sorted([*BUILTINS, "ddp", "fsdp2"]))
-def test_each_builtin_backend_alone_runs_the_smoke_tier(tmp_path, backend):
+# One backend per lane runs its smoke tier alone; every other built-in collects its lane alone. Running all eleven
+# cost ~9 minutes of the test command's worker time; each backend's cases run in their own tests.
+RUN_ALONE = ("eager", "te_eager", "ddp")
+
+
+def _cli_alone(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", backend,
+                           "--workers", "1", "--report-dir", str(tmp_path), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("backend", RUN_ALONE)
+def test_one_backend_per_lane_alone_runs_the_smoke_tier(tmp_path, backend):
     """`te-verify run --tier smoke --backend X` collects and runs X's lane alone: exit 0, never an internal error;
     an unavailable backend's cases skip with the reason."""
-    proc = subprocess.run([sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", backend,
-                           "--workers", "1", "--report-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = _cli_alone(tmp_path, backend)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "INTERNALERROR" not in proc.stdout + proc.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert rows and {r["backend"] for r in rows} == {backend}  # its lane alone: no other lane's cases
     assert all(r["outcome"] in ("passed", "xfailed", "skipped") for r in rows)
+
+
+@pytest.mark.parametrize("backend", sorted((set(BUILTINS) | {"fsdp2"}) - set(RUN_ALONE)))
+def test_each_builtin_backend_alone_collects_its_lane_alone(tmp_path, backend):
+    """`--backend X` selects X's cases and nothing else, in the lane X declares; collection never errors."""
+    proc = _cli_alone(tmp_path, backend, "--collect-only")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr
+    params = [line.split("[", 1)[1] for line in proc.stdout.splitlines() if "::" in line and "[" in line]
+    assert params and all(p.startswith(f"{backend}-") for p in params), params[:5]
 
 
 def test_dist_wrapper_names_match_the_wrappers_and_engines():

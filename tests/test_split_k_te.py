@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from planted_te_gemms import patched
+from proof_tier import PROOF_TIER
 from test_plugin import run_pytest
 
 from te_verify.te import api as te_api
@@ -80,18 +81,18 @@ def test_fp8_gemms_run_on_dequantized_copies_fail_on_operand_bytes_alone():
     assert "FLOPs" not in verdict.message  # every layer's FLOPs as required: the bytes alone fail it
 
 
-def _te_lane_pr_tier(folder, te_impl: str) -> dict[str, dict]:
-    proc = run_pytest("cases", "--tier", "pr", "--backend", "te_eager", "--te-impl", te_impl, "-n", "2",
+def _te_lane(folder, te_impl: str) -> dict[str, dict]:
+    proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "te_eager", "--te-impl", te_impl, "-n", "2",
                       "--report-dir", str(folder))
     assert proc.returncode == 0, proc.stdout[-3000:]
     return {r["nodeid"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
 
 
-def test_the_split_k_te_build_gets_te_s_outcome_on_every_te_lane_pr_case(tmp_path):
-    """The whole TE-lane pr tier over `--te-impl split_k_te_build` and over TE itself: per case the same outcome
+def test_the_split_k_te_build_gets_te_s_outcome_on_every_te_lane_case(tmp_path):
+    """The whole TE lane (the proof tier, tests/proof_tier.py) over `--te-impl split_k_te_build` and over TE itself: per case the same outcome
     and the same verdict of every check (known gaps failing as recorded), with more GEMMs at the tex boundary."""
-    split = _te_lane_pr_tier(tmp_path / "split", "split_k_te_build")
-    te = _te_lane_pr_tier(tmp_path / "te", te_api.CPU_CHOICE)
+    split = _te_lane(tmp_path / "split", "split_k_te_build")
+    te = _te_lane(tmp_path / "te", te_api.CPU_CHOICE)
     assert split.keys() == te.keys()
     assert {k: (r["outcome"], r.get("checks")) for k, r in split.items()} == \
         {k: (r["outcome"], r.get("checks")) for k, r in te.items()}

@@ -1,0 +1,26 @@
+"""The tier at which the tests that prove a correct implementation passes a whole lane run it.
+
+Those tests (split-K at the tex boundary and in the torch lane, another accumulation order, fp64 inside, a user's
+external backend) each run every case of a lane through a second implementation. At the pr tier that is four runs of
+160-226 cases, about 60% of the test command's 5-minute budget on a 2-core machine; at the smoke tier (every family,
+~1/6 of the cases) it is seconds. The test command runs them at smoke; the nightly workflow's `proofs` job and
+`TE_VERIFY_PROOF_TIER=pr bash scripts/test.sh` run them at pr (docs/tiers.md).
+"""
+from __future__ import annotations
+
+import os
+
+from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
+from te_verify.matrix.stacks import FAMILIES
+
+PROOF_TIERS = ("smoke", "pr", "nightly")
+PROOF_TIER = os.environ.get("TE_VERIFY_PROOF_TIER", "smoke")
+if PROOF_TIER not in PROOF_TIERS:
+    raise SystemExit(f"TE_VERIFY_PROOF_TIER={PROOF_TIER!r}: expected one of {', '.join(PROOF_TIERS)}")
+
+
+def torch_lane_cases(tier: str = PROOF_TIER) -> int:
+    """How many torch-lane cases the tier generates for one backend (stacks and model families)."""
+    return sum(len(gen(tier)) for gen in (*FAMILIES.values(), lora_specs, stage_specs, hf_peft_specs,
+                                          litgpt_lora_specs))
+
