@@ -3,13 +3,15 @@ a weight whose input needs no gradient (a frozen first layer, and the trained la
 columnwise copy of it is needed. The clean run
 (TE 2.20.2 makes none, and without biases no columnwise grad_output copy for the frozen layers: TE issue 1693's fix)
 passes; a planted TE build keeping a columnwise copy of every weight fails naming the frozen layers; the per-recipe
-copy sizes of the oracle match what TE allocates for the copies it keeps."""
+copy sizes of the oracle match what TE allocates for the copies it keeps. A gradient copy no backward GEMM reads (so
+of no layer known) is judged too: GroupedLinear's unread columnwise grad_output copies are named."""
 import sys
 
 import pytest
 
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.fp8_copies import copies_made, fp8_copies
+from te_verify.matrix.te import MOE_ROWS, MOE_WIDTHS, block_spec
 from te_verify.oracle.copy_bytes import layout_bytes
 from te_verify.run import te_case
 from te_verify.run.microbatch import run_mean_reduced
@@ -95,3 +97,30 @@ def test_saved_copies_are_sized_per_recipe(emulated):
     column = layout_bytes("block", "weight", 64, 128, "columnwise")
     both = column + layout_bytes("block", "weight", 64, 128, "rowwise")
     assert f"layer 2: saved weight FP8 copy: {both:,} B in 4 buffers, {column:,} B required" in verdict.message
+
+
+def _moe(frozen_experts: tuple[int, ...]) -> CaseSpec:
+    """te_moe's block-scaled case: one GroupedLinear of 4 experts with biases, its input needing no gradient."""
+    return block_spec("te_moe", "block", MOE_WIDTHS, (False,), (False,), False,
+                      te=dict(module="grouped_linear", experts=4, frozen_experts=frozen_experts), batch_shape=MOE_ROWS)
+
+
+def test_unread_grad_output_copy_is_named_though_no_gemm_attributes_it(emulated):
+    """Experts 0 and 2 frozen: TE (expert-0 rule) runs no wgrad and, the input needing none, no dgrad, yet
+    quantizes grad_output in both layouts for the bias gradient: the columnwise copy no GEMM reads is named."""
+    spec = _moe((0, 2))
+    verdict = copies_made(spec.id, "te_eager", spec, _run(spec))
+    assert not verdict.ok
+    want = layout_bytes("block", "grad_output", 16, 32, "columnwise")  # one expert's 16 rows
+    assert f"layer ?: grad_output has a columnwise copy ({want:,} B) that no GEMM reads" in verdict.message
+    assert verdict.figures["fp8_copies_made"]["?/grad_output"]["read_by"] == []
+
+
+def test_grad_output_copies_the_wgrads_read_pass(emulated):
+    """The clean twin: every expert trains, so each wgrad reads its grad_output's columnwise copy (attributed)."""
+    spec = _moe(())
+    verdict = copies_made(spec.id, "te_eager", spec, _run(spec))
+    assert verdict.ok, verdict.message
+    made = verdict.figures["fp8_copies_made"]
+    assert "?/grad_output" not in made
+    assert all("wgrad:columnwise" in made[f"0.e{i}/grad_output"]["read_by"] for i in range(4))

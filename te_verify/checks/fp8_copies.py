@@ -115,12 +115,20 @@ def _owners(obs: dict) -> dict:
     return owners
 
 
+def _owner(owners: dict, seen) -> tuple[str, str]:
+    """A copy's (layer, role); one of no known source made in backward is a gradient no GEMM attributed (TE
+    quantizes grad_output there even where no backward GEMM reads it): ("?", "grad_output")."""
+    if seen.source in owners:
+        return owners[seen.source]
+    return ("?", "grad_output") if seen.phase == "backward" else ("?", "?")
+
+
 def made_copies(obs: dict) -> dict[tuple[str, str], dict]:
     """(layer, role) -> {"layouts": layout -> largest bytes one copy held, "read_by": sorted "role:layout"} over
-    every quantized copy of the run (tex_record.copies); unattributed copies under ("?", "?")."""
+    every quantized copy of the run (tex_record.copies); unattributed copies under layer "?" (_owner)."""
     owners, found = _owners(obs), {}
     for seen in obs["tex_record"].copies.values():
-        entry = found.setdefault(owners.get(seen.source, ("?", "?")), {"layouts": {}, "read_by": set()})
+        entry = found.setdefault(_owner(owners, seen), {"layouts": {}, "read_by": set()})
         for layout, nbytes in seen.layouts.items():
             entry["layouts"][layout] = max(entry["layouts"].get(layout, 0), nbytes)
         entry["read_by"] |= {f"{role}:{layout}" for role, layout in seen.read_by}
@@ -145,12 +153,17 @@ def copies_made(case_id: str, backend: str, spec: CaseSpec, record: Record) -> V
         if layer in roles and col and COLUMNWISE_READER[role] not in roles[layer]:
             problems.append(f"layer {layer}: {role} has a columnwise copy ({col:,} B) that no required GEMM reads "
                             f"({COLUMNWISE_READER[role]} not needed; read by {', '.join(entry['read_by']) or 'none'})")
+        elif (layer, role) == ("?", "grad_output") and col and not any(r.endswith(":columnwise")
+                                                                        for r in entry["read_by"]):
+            # No GEMM read it, so no layer's wgrad: made for nothing, whichever layer's it is.
+            problems.append(f"layer ?: grad_output has a columnwise copy ({col:,} B) that no GEMM reads (no "
+                            f"backward GEMM read this gradient, so its layer is not known)")
     figures = {"fp8_copies_made": {f"{layer}/{role}": entry for (layer, role), entry in sorted(made.items())},
                "fp8_copies_made_compared": sum(layer in roles for layer, _ in made)}
+    if problems:  # an unattributed gradient copy no GEMM reads is a problem also where no copy is attributed
+        return Verdict("fp8_copies_made", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures,
+                       tuple(problems))
     if not figures["fp8_copies_made_compared"]:
         return not_observed("fp8_copies_made", case_id, backend, "no quantized copy attributed to a layer",
                             figures, blocked_by=None)
-    if problems:
-        return Verdict("fp8_copies_made", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures,
-                       tuple(problems))
     return Verdict("fp8_copies_made", True, figures=figures)
