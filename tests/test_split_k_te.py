@@ -5,6 +5,7 @@ GEMM runs once more, its result thrown away, fails gemm_work naming each layer."
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -89,12 +90,16 @@ def _te_lane(folder, te_impl: str) -> dict[str, dict]:
 
 
 def test_the_split_k_te_build_gets_te_s_outcome_on_every_te_lane_case(tmp_path):
-    """The whole TE lane (the proof tier, tests/proof_tier.py) over `--te-impl split_k_te_build` and over TE itself: per case the same outcome
-    and the same verdict of every check (known gaps failing as recorded), with more GEMMs at the tex boundary."""
+    """The whole TE lane (the proof tier, tests/proof_tier.py) over `--te-impl split_k_te_build` and over TE itself:
+    per case the same outcome and the same verdict of every check (known gaps failing as recorded), with more GEMMs at
+    the tex boundary. The build ships the per-tensor recipes only: its block-scaled cases skip naming the recipe."""
     split = _te_lane(tmp_path / "split", "split_k_te_build")
     te = _te_lane(tmp_path / "te", te_api.CPU_CHOICE)
     assert split.keys() == te.keys()
-    assert {k: (r["outcome"], r.get("checks")) for k, r in split.items()} == \
-        {k: (r["outcome"], r.get("checks")) for k, r in te.items()}
+    lacks = {k for k, r in split.items()
+             if r["outcome"] == "skipped" and "this TE implementation has no" in str(r.get("reason"))}
+    assert all(re.search(r"-fp8(block|mxfp8|nvfp4|custom)", k) for k in lacks), sorted(lacks)
+    assert {k: (r["outcome"], r.get("checks")) for k, r in split.items() if k not in lacks} == \
+        {k: (r["outcome"], r.get("checks")) for k, r in te.items() if k not in lacks}
     gemms = [sum((r["figures"] or {}).get("tex_gemm_count", 0) for r in rows.values()) for rows in (split, te)]
     assert gemms[0] > gemms[1] > 0, gemms
