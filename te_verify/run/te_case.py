@@ -220,8 +220,9 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     got = run_te(case, follow=outputs_ref)
     bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
     values = (fp8_value_verdicts(case, got, outputs_ref) if spec.te.recipe is not None
-              else [output_parity(spec.id, name, ref, got, tol, bound), grad_parity(spec.id, name, ref, got, tol, bound=bound),
-                    grad_scale(spec.id, name, ref, got, bound), params_after_steps(spec.id, name, ref, got, tol, bound)])
+              else [output_parity(spec.id, name, ref, got, tol, bound),
+                    grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
+                    params_after_steps(spec.id, name, ref, got, tol, bound)])
     return case.require([ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
                          *values,
