@@ -63,7 +63,7 @@ def vs_eager(case, got, eager, quantized) -> list:
     if quantized is None:
         ref, tol, bound = eager, tolerance_for(spec, name), None
     else:
-        ref, tol, bound = fp8_judged_against(case, got, quantized, eager, run_microbatches)
+        ref, tol, bound = fp8_judged_against(case, got, quantized, run_microbatches)
     several = spec.te.microbatches > 1
     grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound)] + (
         [grad_scale(spec.id, name, ref, got, bound, k)] if bound is not None else [])

@@ -217,13 +217,15 @@ def convert(model: torch.nn.Sequential, spec: CaseSpec, api: SimpleNamespace) ->
     return [kind.build(api, [l for _, l in group], te, dtype, "+".join(n for n, _ in group)) for group in groups]
 
 
-def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace) -> torch.nn.Module:
-    """Every LoRA adapter's base (a torch Linear; oracle.required.te_sites names them in any family) replaced in
-    place by a TE Linear of `api` holding its Parameters and named by the base's qualified name; returns `model`."""
+def convert_family(model: torch.nn.Module, spec: CaseSpec, api: SimpleNamespace,
+                   extra_sites: tuple[str, ...] = ()) -> torch.nn.Module:
+    """Every LoRA adapter's base (a torch Linear; oracle.required.te_sites names them in any family), and the torch
+    Linears labelled in `extra_sites`, replaced in place by a TE Linear of `api` holding its Parameters and named by
+    its qualified name; returns `model`."""
     from te_verify.oracle.required import te_sites
 
     te = spec.te or TEConfig()
-    for label in te_sites(spec):
+    for label in [*te_sites(spec), *extra_sites]:
         parent, _, attr = label.rpartition(".")
         base = model.get_submodule(label)
         setattr(model.get_submodule(parent), attr, _linear(api, [base], te, base.weight.dtype, label))
@@ -248,6 +250,11 @@ class TEEagerBackend:
 
     name = "te_eager"
     lane = "te"
+
+    def __init__(self, extra_sites: tuple[str, ...] = ()) -> None:
+        # Linears of a model family run as TE Linears besides its TE sites (convert_family): those another
+        # backend quantized, for the same-quantization reference judging it (te_case.fp8_judged_against).
+        self.extra_sites = tuple(extra_sites)
 
     @property
     def impl(self) -> te_api.TEImpl:
@@ -282,7 +289,7 @@ class TEEagerBackend:
             attach_main_grad(model, te)
         recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len, te.qfactory)
         if spec.model is not None:
-            return TEFamily(convert_family(model, spec, api), api, recipe)
+            return TEFamily(convert_family(model, spec, api, self.extra_sites), api, recipe)
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)
 
 

@@ -70,16 +70,19 @@ def _reference_numerics(spec: CaseSpec, backend: object) -> Iterator[None]:
         yield
 
 
-def output_reference(spec: CaseSpec, runner: Callable = run_mean_reduced, backend: object = None) -> Record:
+def output_reference(spec: CaseSpec, runner: Callable = run_mean_reduced, backend: object = None,
+                     extra_sites: tuple[str, ...] = (), follow: Record | None = None) -> Record:
     """What forward outputs are held to: fp32 eager, or for FP8 cases eager on FP8-rounded operands, as TE's own
     tests build their references (FP8's elementwise error scales with a dot product's terms, not its result). The
     quantized-operand forward is te_verify.te.reference's (same saturating cast, TE's scale rules, delayed scaling's
     history), on the module kind with the same numerics as `backend`'s; its backward quantizes the same operands as
-    TE's (the gradient E4M3 or E5M2 per the recipe, with the saved FP8 input and weight copies)."""
+    TE's (the gradient E4M3 or E5M2 per the recipe, with the saved FP8 input and weight copies). `extra_sites`:
+    linears quantized besides the case's TE sites (beyond_reference); `follow`: the record whose parameters each
+    later iteration starts from (runner.Trainer)."""
     if spec.te is None or spec.te.recipe is None:
         return runner(spec, EagerBackend())
     with _reference_numerics(spec, backend):
-        record = runner(reference_spec(spec), TEEagerBackend())
+        record = runner(reference_spec(spec), TEEagerBackend(extra_sites), follow=follow)
     record.backend = QUANTIZED_REFERENCE
     return record
 
@@ -107,51 +110,60 @@ def high_precision_bound(spec: CaseSpec, eager: Record) -> TruthBound:
 
 
 def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced,
-                    follow: Record | None = None) -> Record:
+                    follow: Record | None = None, extra_sites: tuple[str, ...] = ()) -> Record:
     """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
-    quantized at the same places by the same rules. FP8 gradients are bounded by their distance from it
-    (checks.fp8_tolerance): accumulation noise, not quantization noise."""
+    quantized at the same places (the TE sites and `extra_sites`) by the same rules. FP8 gradients are bounded by
+    their distance from it (checks.fp8_tolerance): accumulation noise, not quantization noise."""
     with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64):
-        return runner(reference_spec(spec), _Fp64TEBackend(), dtype=torch.float64, follow=follow)
+        return runner(reference_spec(spec), _Fp64TEBackend(extra_sites), dtype=torch.float64, follow=follow)
 
 
 def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
-    """Linears the run quantized that the FP8 reference runs in high precision: thunder's TE executor claims every
-    linear whose shapes FP8 accepts, in a LoRA model also those the model keeps as torch Linears (its TE sites are
-    the adapters' bases)."""
+    """Linears the run quantized (measured at the tex boundary, probes.tex_gemm) that are no TE site of the case:
+    thunder's TE executor claims every linear whose shapes FP8 accepts, in a LoRA model also those the model keeps as
+    torch Linears (its TE sites are the adapters' bases)."""
     claimed = got.figures.get("te_layers_claimed")
     if spec.model is None or claimed is None:
         return []
     return sorted(set(claimed) - set(te_sites(spec)))
 
 
-def fp8_judged_against(case: CaseRun, got: Record, quantized: Record, eager: Record,
-                       runner: Callable = run_mean_reduced) -> tuple[Record, Tolerance, TruthBound | None]:
-    """What an FP8 case's gradients and parameters are held to: `quantized` (output_reference's record for the case's
-    backend: the same operands quantized with the same scales) within its fp64 truth's bound
-    (checks.fp8_tolerance), not FP8's quantization tolerance; where the run quantized linears the reference does not
-    (beyond_reference), `eager` within the recipe's tolerance, the row saying why."""
-    spec, name = case.spec, case.backend_name
-    tol = tolerance_for(spec, name)
-    beyond = beyond_reference(spec, got)
+def fp8_judged_against(case: CaseRun, got: Record, quantized: Record,
+                       runner: Callable = run_mean_reduced) -> tuple[Record, Tolerance, TruthBound]:
+    """What an FP8 case's outputs, gradients and parameters are held to: the same-quantization reference (the same
+    operands quantized with the same scales) within its fp64 truth's bound (checks.fp8_tolerance), not FP8's
+    quantization tolerance. That is `quantized` (output_reference's record for the case's backend, which the run
+    followed), or where the run quantized linears beyond the case's TE sites (beyond_reference), the reference with
+    those quantized too, following `quantized` as the run did: delayed scaling clips values from the second
+    iteration on, so no reference running them in high precision can judge it."""
+    spec = case.spec
+    tol = tolerance_for(spec, case.backend_name)
+    beyond = tuple(beyond_reference(spec, got))
+    ref = quantized
     if beyond:
-        case.figures["fp8_grad_reference"] = f"eager within {tol}: the run quantized {beyond}, not TE sites of the case"
-        return eager, tol, None
-    return quantized, tol, fp8_bound(spec, quantized_truth(spec, case.backend, runner, follow=quantized))
+        case.figures["fp8_grad_reference"] = (f"the same-quantization reference with {list(beyond)} quantized too: "
+                                              f"the run quantized them beyond the case's TE sites")
+        ref = output_reference(spec, runner, case.backend, beyond, follow=quantized)
+    truth = quantized_truth(spec, case.backend, runner, follow=quantized, extra_sites=beyond)
+    return ref, tol, fp8_bound(spec, truth)
 
 
-def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, eager: Record,
-                       runner: Callable = run_mean_reduced) -> list[Verdict]:
-    """An FP8 case's gradients after every backward pass (replay) and every iteration (grad_parity, and grad_scale
-    against the same truth, the quantized reference in eager's role: checks.systematic), and its parameters after
-    every optimizer step, against fp8_judged_against's reference and bound (its fp64 truth computed once): the
-    same-quantization reference, not TE's dtype table."""
-    ref, tol, bound = fp8_judged_against(case, got, quantized, eager, runner)
+def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, runner: Callable = run_mean_reduced,
+                       outputs: bool = True) -> list[Verdict]:
+    """An FP8 case's outputs (unless `outputs` is False: the family judges them itself) within the recipe's
+    tolerance, gradients after every backward pass (replay) and every iteration (grad_parity, and grad_scale against
+    the same truth, the quantized reference in eager's role: checks.systematic), and parameters after every optimizer
+    step, against fp8_judged_against's reference and bound (its fp64 truth computed once): the same-quantization
+    reference, not TE's dtype table."""
+    ref, tol, bound = fp8_judged_against(case, got, quantized, runner)
     spec, name = case.spec, case.backend_name
-    scale = [grad_scale(spec.id, name, ref, got, bound)] if bound is not None else []  # no truth beyond the reference
-    return [replay_semantics(spec.id, name, ref, got, tol, bound),
-            grad_parity(spec.id, name, ref, got, tol, bound=bound), *scale,
-            params_after_steps(spec.id, name, ref, got, tol, bound)]
+    judged = [output_parity(spec.id, name, ref, got, tol)] if outputs else []
+    verdicts = [*judged, replay_semantics(spec.id, name, ref, got, tol, bound),
+                grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
+                params_after_steps(spec.id, name, ref, got, tol, bound)]
+    beyond = beyond_reference(spec, got)
+    note = f" (the reference quantized {beyond} as the run did, beyond the case's TE sites)" if beyond else ""
+    return [v if v.ok or not note else dataclasses.replace(v, message=v.message + note) for v in verdicts]
 
 
 def te_probes(case: CaseRun) -> list:
@@ -207,13 +219,13 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     outputs_ref = output_reference(spec, backend=case.backend) if spec.te.recipe is not None else ref
     got = run_te(case, follow=outputs_ref)
     bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
-    training = (fp8_value_verdicts(case, got, outputs_ref, ref) if spec.te.recipe is not None
-                else [grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
-                      params_after_steps(spec.id, name, ref, got, tol, bound)])
-    return case.require([output_parity(spec.id, name, outputs_ref, got, tol, bound),
-                         ending(spec.id, name, ref, got),
+    values = (fp8_value_verdicts(case, got, outputs_ref) if spec.te.recipe is not None
+              else [output_parity(spec.id, name, ref, got, tol, bound),
+                    grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
+                    params_after_steps(spec.id, name, ref, got, tol, bound)])
+    return case.require([ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
-                         *training,
+                         *values,
                          *scaling_verdicts(case, got),
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
