@@ -18,7 +18,8 @@ from te_verify.report.stream import STREAM, RowStream, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "pr", "--backend", "eager", "--workers", "2"]
+# The smoke tier (every torch-lane family, ~25 cases): enough rows to kill a run a third of the way through.
+RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "2"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -32,7 +33,7 @@ def _rows(folder: Path) -> list[str]:
 
 
 def _kill_part_way(folder: Path, after_rows: int) -> None:
-    """Start the pr tier's eager cases in their own process group and SIGKILL the whole group once `after_rows`
+    """Start the smoke tier's eager cases in their own process group and SIGKILL the whole group once `after_rows`
     rows are on disk."""
     proc = subprocess.Popen([*RUN, "--report-dir", str(folder)], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
