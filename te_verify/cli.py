@@ -37,8 +37,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     import pytest
 
     report_dir = Path(args.resume or args.report_dir or default_report_dir())
+    workers = default_workers() if args.workers is None else args.workers  # 0: in this process
     argv = [str(CASES), "-q", "-p", "no:cacheprovider", "--tier", args.tier, "--report-dir", str(report_dir),
-            "--junitxml", str(report_dir / "junit.xml"), "-n", str(args.workers or default_workers())]
+            "--junitxml", str(report_dir / "junit.xml"), "-n", str(workers)]
     for backend in args.backend:
         argv += ["--backend", backend]
     for option in ("te_impl", "device", "shard", "resume", "case_timeout"):
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
                        help="seconds a case may run before it fails 'timed out' (default per tier and lane; 0: none)")
     run_p.add_argument("--workers", default=None,
-                       help="pytest-xdist workers (-n; default: one per GPU with CUDA, else one per core)")
+                       help="pytest-xdist workers (-n; 0: in this process; default: one per GPU with CUDA, else one "
+                            "per core)")
     report_p = sub.add_parser("report", help="report tools: diff two results.json files, merge shard reports, "
                                              "or re-render HTML")
     report_p.add_argument("action", choices=("diff", "merge", "html"))

@@ -17,6 +17,9 @@ PROOF_TIERS = ("smoke", "pr", "nightly")
 PROOF_TIER = os.environ.get("TE_VERIFY_PROOF_TIER", "smoke")
 if PROOF_TIER not in PROOF_TIERS:
     raise SystemExit(f"TE_VERIFY_PROOF_TIER={PROOF_TIER!r}: expected one of {', '.join(PROOF_TIERS)}")
+# pytest -n for the proof runs: in-process at smoke (an xdist controller and two workers cost three interpreter
+# start-ups, more than the smoke cases themselves), two workers at the larger tiers.
+PROOF_WORKERS = "0" if PROOF_TIER == "smoke" else "2"
 
 
 def torch_lane_cases(tier: str = PROOF_TIER) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proof_tier import PROOF_TIER, torch_lane_cases
+from proof_tier import PROOF_TIER, PROOF_WORKERS, torch_lane_cases
 
 from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
 from te_verify.matrix.stacks import FAMILIES
@@ -71,7 +71,7 @@ def test_external_backend_runs_the_whole_torch_lane(tmp_path):
     """Every torch-lane case of the proof tier (at pr: every candidate, --pr-candidates), each passing."""
     candidates = ["--pr-candidates"] if PROOF_TIER == "pr" else []
     proc = run_pytest("cases", "--tier", PROOF_TIER, *candidates, "--backend", "external_backend:FunctionalCallBackend",
-                      "-n", "2", "--report-dir", str(tmp_path))
+                      "-n", PROOF_WORKERS, "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
@@ -146,7 +146,7 @@ RUN_ALONE = ("eager", "te_eager", "ddp")
 
 def _cli_alone(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", backend,
-                           "--workers", "1", "--report-dir", str(tmp_path), *extra],
+                           "--workers", "0", "--report-dir", str(tmp_path), *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

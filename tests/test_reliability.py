@@ -118,7 +118,7 @@ def _cut_last_rows(folder: Path, keep: int) -> None:
 
 
 def test_a_cut_last_line_then_two_resumes_keep_the_stream_readable_and_complete_the_report(tmp_path):
-    args = ("--backend", "eager", "-n", "0", "--tier", "pr")
+    args = ("--backend", "eager", "-n", "0")  # the freeze family's smoke cases: 3 rows kept, the 4th cut
     assert _run(*args, "--report-dir", str(tmp_path)).returncode == 0
     expected = {r["nodeid"]: r["outcome"] for r in _results(tmp_path)["rows"]}
     _cut_last_rows(tmp_path, keep=3)
@@ -130,7 +130,7 @@ def test_a_cut_last_line_then_two_resumes_keep_the_stream_readable_and_complete_
         assert {r["nodeid"]: r["outcome"] for r in stream["rows"]} == expected
         results = _results(tmp_path)
         assert "incomplete" not in results["header"] and len(results["rows"]) == len(expected)
-    versions = results["header"]["versions"]  # what the pr run's cases execute, each with its version
+    versions = results["header"]["versions"]  # what a run's cases can execute, each with its version
     for package in ("megatron-core", "megatron-fsdp", "deepspeed", "transformers", "peft", "litgpt", "torch",
                     "thunder", "fairscale", "transformer_engine", "pytest", "pytest-xdist", "hypothesis"):
         assert versions.get(package), package

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from planted_te_gemms import patched
-from proof_tier import PROOF_TIER
+from proof_tier import PROOF_TIER, PROOF_WORKERS
 from test_plugin import run_pytest
 
 from te_verify.te import api as te_api
@@ -83,7 +83,7 @@ def test_fp8_gemms_run_on_dequantized_copies_fail_on_operand_bytes_alone():
 
 
 def _te_lane(folder, te_impl: str) -> dict[str, dict]:
-    proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "te_eager", "--te-impl", te_impl, "-n", "2",
+    proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "te_eager", "--te-impl", te_impl, "-n", PROOF_WORKERS,
                       "--report-dir", str(folder))
     assert proc.returncode == 0, proc.stdout[-3000:]
     return {r["nodeid"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}

@@ -18,8 +18,9 @@ from te_verify.report.stream import STREAM, RowStream, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-# The smoke tier (every torch-lane family, ~25 cases): enough rows to kill a run a third of the way through.
-RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "2"]
+# Two families' smoke cases (11): enough rows to kill a run a third of the way through.
+RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "2", "-k",
+       "test_freeze or test_bias"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -89,9 +90,9 @@ def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
 
 def test_a_resume_of_another_selection_is_refused_in_one_line(tmp_path):
     folder = tmp_path / "run"
-    assert _cli("run", "--tier", "smoke", "--backend", "eager", "--workers", "1", "--report-dir", str(folder),
+    assert _cli("run", "--tier", "smoke", "--backend", "eager", "--workers", "0", "--report-dir", str(folder),
                 "-k", "freeze1010").returncode == 0
-    other = _cli("run", "--tier", "pr", "--backend", "eager", "--workers", "1", "--resume", str(folder))
+    other = _cli("run", "--tier", "pr", "--backend", "eager", "--workers", "0", "--resume", str(folder))
     errors = [line for line in other.stderr.splitlines() if line.startswith("ERROR:")]
     assert other.returncode == 4 and len(errors) == 1, other.stderr[-2000:]
     assert "tier differs: the run there has 'smoke', this one 'pr'" in errors[0]
@@ -107,7 +108,8 @@ def test_a_case_that_kills_its_worker_is_a_crashed_row_and_the_run_goes_on(tmp_p
     rows = {r["case_id"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
     assert rows[VICTIM]["outcome"] == "error" and rows[VICTIM]["reason"].startswith("crashed: signal 9")
     others = [r for case, r in rows.items() if case != VICTIM]
-    assert sum(r["outcome"] == "passed" for r in others) >= 4 and {r["outcome"] for r in others} <= {"passed", "skipped"}
+    assert sum(r["outcome"] == "passed" for r in others) >= 4
+    assert {r["outcome"] for r in others} <= {"passed", "skipped"}
 
 
 def test_a_killed_shard_merges_as_an_incomplete_report(tmp_path):

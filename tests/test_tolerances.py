@@ -9,7 +9,7 @@ import pytest
 import torch
 from planted_accumulation import OtherAccumulation
 from planted_backends import OffByOnePercent
-from proof_tier import PROOF_TIER, torch_lane_cases
+from proof_tier import PROOF_TIER, PROOF_WORKERS, torch_lane_cases
 from test_plugin import run_pytest
 
 from te_verify.run.caserun import CaseRun
@@ -39,7 +39,7 @@ def test_correct_implementations_written_differently_pass_the_torch_lane(tmp_pat
     parameters are closer to the truth than eager's, and lean less); its fp64 working copies of each layer's operands
     are memory the case does not need, which waste_peak names and nothing else does."""
     run_pytest("cases", "--tier", PROOF_TIER, "--backend", "planted_accumulation:OtherAccumulation",
-               "--backend", "planted_accumulation:Fp64Inside", "-n", "2", "--report-dir", str(tmp_path))
+               "--backend", "planted_accumulation:Fp64Inside", "-n", PROOF_WORKERS, "--report-dir", str(tmp_path))
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     other = [r for r in rows if r["backend"] == "other_accumulation"]
     least = 0.6 * torch_lane_cases()  # the pr tier's pairwise choice keeps ~2/3 of its candidates; a few skip

@@ -118,10 +118,10 @@ def test_a_split_k_with_a_half_missing_or_repeated_fails():
 
 
 def test_split_k_passes_the_torch_lane(tmp_path):
-    from proof_tier import PROOF_TIER, torch_lane_cases
+    from proof_tier import PROOF_TIER, PROOF_WORKERS, torch_lane_cases
     from test_plugin import run_pytest
 
-    proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "waste_planted:SplitK", "-n", "2",
+    proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "waste_planted:SplitK", "-n", PROOF_WORKERS,
                       "--report-dir", str(tmp_path))
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert proc.returncode == 0, proc.stdout[-3000:]
