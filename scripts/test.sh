@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest tests -n 2 -q -p no:cacheprovider "$@"
+# worksteal: an idle worker takes queued tests from the other, so a long test near the end does not leave one idle.
+exec .venv/bin/python -m pytest tests -n 2 --dist worksteal -q -p no:cacheprovider "$@"

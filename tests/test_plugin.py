@@ -144,9 +144,9 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
 RUN_ALONE = ("eager", "te_eager", "ddp")
 
 
-def _cli_alone(tmp_path: Path, backend: str, *extra: str) -> subprocess.CompletedProcess:
+def _cli_alone(tmp_path: Path, backend: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", backend,
-                           "--workers", "0", "--report-dir", str(tmp_path), *extra],
+                           "--workers", "0", "--report-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -162,14 +162,21 @@ def test_one_backend_per_lane_alone_runs_the_smoke_tier(tmp_path, backend):
     assert all(r["outcome"] in ("passed", "xfailed", "skipped") for r in rows)
 
 
-@pytest.mark.parametrize("backend", sorted((set(BUILTINS) | {"fsdp2"}) - set(RUN_ALONE)))
-def test_each_builtin_backend_alone_collects_its_lane_alone(tmp_path, backend):
-    """`--backend X` selects X's cases and nothing else, in the lane X declares; collection never errors."""
-    proc = _cli_alone(tmp_path, backend, "--collect-only")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "INTERNALERROR" not in proc.stdout + proc.stderr
-    params = [line.split("[", 1)[1] for line in proc.stdout.splitlines() if "::" in line and "[" in line]
-    assert params and all(p.rstrip("]") == backend or p.startswith(f"{backend}-") for p in params), params[:5]
+def test_each_builtin_backend_alone_collects_its_lane_alone():
+    """`--backend X` selects X's cases and nothing else, in the lane X declares; collection never errors. One
+    interpreter collects for every backend (tests/pytest_many.py), each as its own pytest invocation."""
+    backends = sorted((set(BUILTINS) | {"fsdp2"}) - set(RUN_ALONE))
+    runs = [["cases", "--collect-only", "--tier", "smoke", "--backend", backend] for backend in backends]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(runs)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
+    assert len(results) == len(backends) and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    for backend, result in zip(backends, results):
+        params = [nodeid.split("[", 1)[1] for nodeid in result["ids"] if "[" in nodeid]
+        assert result["code"] == 0, f"--backend {backend}: collection exited {result['code']}"
+        assert params and all(p.rstrip("]") == backend or p.startswith(f"{backend}-") for p in params), \
+            f"--backend {backend} collected {params[:5]}"
 
 
 def test_dist_wrapper_names_match_the_wrappers_and_engines():
