@@ -1,8 +1,10 @@
 """Run several pytest invocations in one interpreter, so torch, thunder and TE are imported once for all of them:
 `python tests/pytest_many.py '[["cases", "--collect-only"], [...]]'` prints one JSON line per invocation with its
-exit code and the node ids it selected (after --shard's deselection)."""
+exit code, the node ids it selected (after --shard's deselection) and what it wrote to sys.stderr (usage errors)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 
@@ -21,9 +23,12 @@ class SelectedIds:
 
 def main(invocations: list[list[str]]) -> None:
     for args in invocations:
-        selected = SelectedIds()
-        code = pytest.main(["-p", "no:cacheprovider", "-q", *args], plugins=[selected])
-        print(json.dumps({"code": int(code), "ids": selected.ids}), file=sys.__stdout__, flush=True)
+        selected, stderr = SelectedIds(), io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            code = pytest.main(["-p", "no:cacheprovider", "-q", *args], plugins=[selected])
+        sys.__stderr__.write(stderr.getvalue())
+        print(json.dumps({"code": int(code), "ids": selected.ids, "stderr": stderr.getvalue()[-4000:]}),
+              file=sys.__stdout__, flush=True)
 
 
 if __name__ == "__main__":

@@ -43,19 +43,33 @@ def test_rows_from_every_xdist_worker_reach_results(tmp_path):
     assert "TE implementation: transformer_engine_cpu (TE 2.20.2 Python layer; tex emulated on CPU" in summary
 
 
-@pytest.mark.parametrize("option, culprit", [
+BAD_OPTIONS = [
     (["--backend", "nosuch"], "--backend 'nosuch': unknown backend"),
     (["--backend", "nosuch_module:Thing"], "--backend 'nosuch_module:Thing': cannot load it"),
     (["--backend", "external_backend:NotThere"], "--backend 'external_backend:NotThere': cannot load it"),
     (["--tier", "weekly"], "--tier 'weekly'"),
     (["--device", "tpu"], "--device 'tpu': expected cpu, cuda or cuda:N"),
     (["--shard", "4/3"], "--shard '4/3': K must be between 1 and N (3)"),
-])
-def test_bad_option_is_a_one_line_usage_error(option, culprit):
-    proc = run_pytest("cases/test_freeze.py", "--collect-only", "-q", *option)
-    assert proc.returncode == 4  # pytest's usage-error status
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
-    assert len(errors) == 1 and culprit in errors[0] and "Traceback" not in proc.stderr
+]
+
+
+def many(runs: list[list[str]]) -> list[dict]:
+    """Several pytest invocations in one interpreter (tests/pytest_many.py): each one's code, ids and stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(runs)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
+    assert len(results) == len(runs) and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    return results
+
+
+def test_bad_option_is_a_one_line_usage_error():
+    results = many([["cases/test_freeze.py", "--collect-only", *option] for option, _ in BAD_OPTIONS])
+    for (option, culprit), result in zip(BAD_OPTIONS, results):
+        errors = [line for line in result["stderr"].splitlines() if line.startswith("ERROR:")]
+        assert result["code"] == 4, (option, result["stderr"][-2000:])  # pytest's usage-error status
+        assert len(errors) == 1 and culprit in errors[0] and "Traceback" not in result["stderr"], \
+            (option, result["stderr"][-2000:])
 
 
 def test_report_header_names_versions_and_compat():
@@ -129,7 +143,7 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
         f'link = "https://example.org/planted"\nfailure = "{failure}"\n')
     proc = run_pytest("cases/test_generated.py::test_generated", "--tier", "nightly",
                       "--backend", "planted_backends:WrongOutput",
-                      "--max-examples", "5", "--hypothesis-seed", "1", "--expectations", str(folder),
+                      "--max-examples", "3", "--hypothesis-seed", "1", "--expectations", str(folder),
                       "--report-dir", str(tmp_path / "report"))
     (row,) = json.loads((tmp_path / "report" / "results.json").read_text())["rows"]
     if passes:
@@ -139,9 +153,11 @@ def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, pas
         assert proc.returncode == 1 and row["outcome"] == "failed" and "forward output" in proc.stdout
 
 
-# One backend per lane runs its smoke tier alone; every other built-in collects its lane alone. Running all eleven
-# cost ~9 minutes of the test command's worker time; each backend's cases run in their own tests.
-RUN_ALONE = ("eager", "te_eager", "ddp")
+# The distributed lane runs its smoke tier alone through `te-verify run`; every built-in collects its lane alone.
+# Running all eleven cost ~9 minutes of the test command's worker time; each backend's cases run in their own tests
+# (eager's and te_eager's smoke families in tests/test_poisoned_device.py, `te-verify run --backend eager` in
+# tests/test_streaming.py).
+RUN_ALONE = ("ddp",)
 
 
 def _cli_alone(tmp_path: Path, backend: str) -> subprocess.CompletedProcess:
@@ -165,13 +181,8 @@ def test_one_backend_per_lane_alone_runs_the_smoke_tier(tmp_path, backend):
 def test_each_builtin_backend_alone_collects_its_lane_alone():
     """`--backend X` selects X's cases and nothing else, in the lane X declares; collection never errors. One
     interpreter collects for every backend (tests/pytest_many.py), each as its own pytest invocation."""
-    backends = sorted((set(BUILTINS) | {"fsdp2"}) - set(RUN_ALONE))
-    runs = [["cases", "--collect-only", "--tier", "smoke", "--backend", backend] for backend in backends]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(runs)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
-    assert len(results) == len(backends) and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    backends = sorted(set(BUILTINS) | {"fsdp2"})
+    results = many([["cases", "--collect-only", "--tier", "smoke", "--backend", backend] for backend in backends])
     for backend, result in zip(backends, results):
         params = [nodeid.split("[", 1)[1] for nodeid in result["ids"] if "[" in nodeid]
         assert result["code"] == 0, f"--backend {backend}: collection exited {result['code']}"

@@ -19,7 +19,7 @@ from te_verify.report.stream import STREAM, RowStream, read_stream
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
 # Two families' smoke cases (11): enough rows to kill a run a third of the way through.
-RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "2", "-k",
+RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "1", "-k",
        "test_freeze or test_bias"]
 
 
@@ -63,6 +63,7 @@ def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
     assert subprocess.run([*RUN, "--report-dir", str(whole)], cwd=ROOT, env=ENV, capture_output=True,
                           timeout=600).returncode == 0
     expected = _verdicts(whole)
+    assert {json.loads(line)["backend"] for line in _rows(whole)} == {"eager"}  # --backend eager: its lane alone
     _kill_part_way(killed, after_rows=len(expected) // 3)
     assert not (killed / "results.json").exists()  # results are written at the end: only the stream survived
     lines = (killed / STREAM).read_text().split("\n")
@@ -102,7 +103,7 @@ def test_a_resume_of_another_selection_is_refused_in_one_line(tmp_path):
 
 def test_a_case_that_kills_its_worker_is_a_crashed_row_and_the_run_goes_on(tmp_path):
     folder = tmp_path / "crash"
-    proc = _cli("run", "--tier", "smoke", "--backend", "planted_crash:KillsItsWorker", "--workers", "2",
+    proc = _cli("run", "--tier", "smoke", "--backend", "planted_crash:KillsItsWorker", "--workers", "1",
                 "--report-dir", str(folder), "cases/test_freeze.py")
     assert proc.returncode == 1, proc.stdout[-3000:]
     rows = {r["case_id"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
