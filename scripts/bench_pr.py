@@ -67,7 +67,7 @@ def te_lane_line(rows: list[dict]) -> str:
 
 def te_import_seconds(repeats: int = 3) -> float:
     """Median wall time of booting TE's Python over the emulation in a fresh interpreter (torch already imported)."""
-    code = ("import time, torch; t = time.perf_counter(); from te_verify import tecpu; tecpu.boot(); "
+    code = ("import time, torch; t = time.perf_counter(); from te_verify.te import tecpu; tecpu.boot(); "
             "print(time.perf_counter() - t)")
     runs = [float(subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
                                  check=True).stdout.strip().splitlines()[-1]) for _ in range(repeats)]

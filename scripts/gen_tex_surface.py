@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 SIMPLE_INDEX = "https://pypi.org/simple/transformer-engine-torch/"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "te_verify" / "tecpu" / "surfaces"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "te_verify" / "te" / "tecpu" / "surfaces"
 PY = r"(?:py|pybind11)"  # both namespace spellings occur in TE's sources
 QUALIFIED = r"[A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*"
 LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
