@@ -3,8 +3,8 @@
 Those tests (split-K at the tex boundary and in the torch lane, another accumulation order, fp64 inside, a user's
 external backend) each run every case of a lane through a second implementation. At the pr tier that is four runs of
 160-226 cases, about 60% of the test command's 5-minute budget on a 2-core machine; at the smoke tier (every family,
-~1/6 of the cases) it is seconds. The test command runs them at smoke; the nightly workflow's `proofs` job and
-`TE_VERIFY_PROOF_TIER=pr bash scripts/test.sh` run them at pr (docs/tiers.md).
+~1/6 of the cases) it is seconds. The test command runs them at smoke; `scripts/proofs.sh` (the nightly workflow's
+`proofs` job) runs them at pr (docs/tiers.md).
 """
 from __future__ import annotations
 

@@ -112,6 +112,8 @@ SMALLEST: dict[str, Smallest] = {
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),
     ".venv/bin/python scripts/bench_thunder.py": Smallest(None, "a benchmark"),
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
+    # docs/tiers.md
+    "bash scripts/proofs.sh": Smallest(None, "the pr-tier proofs (minutes); the test command runs them at smoke"),
     # docs/te-compile.md: the torch 2.14.1 environment (5.4 GB, minutes to install) and runs in it; the pinned one.
     "bash scripts/bootstrap_torch214.sh": Smallest(None, "installs torch 2.14.1 with its CUDA libraries (5.4 GB)"),
     "bash scripts/run_torch_compile_te.sh": Smallest(
