@@ -11,21 +11,12 @@ patching the emulation's format module for one run (what TE's Python calls goes 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
 
 import torch
 
+from planting import patched
+
 from te_verify.te.tecpu import block_scales, mxfp8, nvfp4
-
-
-@contextlib.contextmanager
-def _patched(module, name: str, replacement: Callable) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 def e8m0_rounded_down() -> contextlib.AbstractContextManager:
@@ -35,7 +26,7 @@ def e8m0_rounded_down() -> contextlib.AbstractContextManager:
             floor = torch.where(torch.isfinite(value) & (value > 0), exponent, original(value).to(torch.int32))
             return floor.to(torch.uint8)
         return round_down
-    return _patched(mxfp8, "e8m0_round_up", wrap)
+    return patched(mxfp8, "e8m0_round_up", wrap)
 
 
 def neighbouring_block_scale() -> contextlib.AbstractContextManager:
@@ -44,11 +35,11 @@ def neighbouring_block_scale() -> contextlib.AbstractContextManager:
             scales = original(buffer, rows, cols, swizzled, transposed)
             return torch.roll(scales, -1, dims=0 if transposed else 1)
         return load
-    return _patched(block_scales, "load", wrap)
+    return patched(block_scales, "load", wrap)
 
 
 def nvfp4_per_tensor_scale_ignored() -> contextlib.AbstractContextManager:
-    return _patched(nvfp4, "global_encode_scale", lambda original: lambda amax: torch.tensor(1.0))
+    return patched(nvfp4, "global_encode_scale", lambda original: lambda amax: torch.tensor(1.0))
 
 
 PLANTED = {"e8m0_rounded_down": e8m0_rounded_down, "neighbouring_block_scale": neighbouring_block_scale,

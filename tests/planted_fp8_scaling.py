@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
 
 import torch
+
+from planting import patched
 
 from te_verify.te import api as te_api
 
@@ -20,19 +21,9 @@ def _tex():
     return sys.modules["transformer_engine_torch"]
 
 
-@contextlib.contextmanager
-def _patched(owner, name: str, replacement) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
 def history_never_updated() -> contextlib.AbstractContextManager:
     """The update kernel does nothing: the amax history never rolls and every scale stays 1."""
-    return _patched(_tex(), "fused_amax_and_scale_update_after_reduction", lambda original: lambda *args: None)
+    return patched(_tex(), "fused_amax_and_scale_update_after_reduction", lambda original: lambda *args: None)
 
 
 def scale_times(factor: float) -> contextlib.AbstractContextManager:
@@ -43,7 +34,7 @@ def scale_times(factor: float) -> contextlib.AbstractContextManager:
             for scale in scales:
                 scale.mul_(factor)
         return update
-    return _patched(_tex(), "fused_amax_and_scale_update_after_reduction", wrap)
+    return patched(_tex(), "fused_amax_and_scale_update_after_reduction", wrap)
 
 
 def stale_weight_copy() -> contextlib.AbstractContextManager:
@@ -59,7 +50,7 @@ def stale_weight_copy() -> contextlib.AbstractContextManager:
                 self.planted_copy_made = True
             return original(self, inp, is_first_microbatch, *args, **kwargs)
         return forward
-    return _patched(linear, "forward", wrap)
+    return patched(linear, "forward", wrap)
 
 
 class WrongFromThirdCall:
