@@ -161,6 +161,7 @@ class TorchCompileTEBackend(TEEagerBackend):
     one); the prepared callable carries its CompileLog as `te_compile`."""
 
     def __init__(self, dynamo_backend: str = "aot_eager") -> None:
+        super().__init__()  # te_eager's state (no extra sites: the case's own TE sites are what compiles)
         # The torch.compile backend each inspected graph is handed to.
         self.dynamo_backend = dynamo_backend
         self.name = next(n for n, b in BACKENDS.items() if b == dynamo_backend)
