@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,16 @@ class SelectedIds:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.ids = [item.nodeid for item in session.items]
+
+
+def run_many(invocations: list[list[str]], env: dict | None = None) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """Run the invocations through this module in a fresh interpreter (tests/ on its path): each one's result (code,
+    ids, stderr) and the process."""
+    root = Path(__file__).resolve().parents[1]
+    env = env or {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(Path(__file__)), json.dumps(invocations)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')], proc
 
 
 def main(invocations: list[list[str]]) -> None:

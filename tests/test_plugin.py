@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_many import run_many
 from proof_tier import PROOF_TIER, PROOF_WORKERS, torch_lane_cases
 
 from te_verify.backends.registry import BUILTINS, DIST_WRAPPERS
@@ -55,10 +56,7 @@ BAD_OPTIONS = [
 
 def many(runs: list[list[str]]) -> list[dict]:
     """Several pytest invocations in one interpreter (tests/pytest_many.py): each one's code, ids and stderr."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(runs)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
+    results, proc = run_many(runs)
     assert len(results) == len(runs) and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
     return results
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
+
+from pytest_many import run_many
 
 ROOT = Path(__file__).resolve().parents[1]
 TE_FAMILIES = ["cases/test_te_fp8.py", "cases/test_te_peft.py", "cases/test_te_replay.py", "cases/test_te_contract.py",
@@ -30,9 +30,8 @@ def test_eager_and_te_lanes_pass_with_the_default_device_poisoned(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     runs = [["-p", "poison_default_device", "--tier", "smoke", "--device", "cpu", "--report-dir", str(tmp_path / name),
              *args] for name, args in RUNS.items()]
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(runs)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    codes = [json.loads(line)["code"] for line in proc.stdout.splitlines() if line.startswith('{"code"')]
+    results, proc = run_many(runs, env=env)
+    codes = [result["code"] for result in results]
     assert codes == [0] * len(RUNS), proc.stdout[-4000:]
     for name in RUNS:
         rows = json.loads((tmp_path / name / "results.json").read_text())["rows"]

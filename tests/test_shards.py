@@ -3,6 +3,7 @@ refusing a case present twice and anything that is not a report, in one line nam
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -10,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pytest_many import run_many
 
 from te_verify.matrix.shard import ShardError, parse_shard, shard_of
 
@@ -23,9 +25,7 @@ SELECTION = ["cases/test_freeze.py", "cases/test_bias.py", "cases/test_compare_o
 def pytest_runs(invocations: dict) -> tuple[dict, str]:
     """Each invocation's node ids, and their output, every one run in a single interpreter (tests/pytest_many.py);
     all must pass."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pytest_many.py"), json.dumps(list(invocations.values()))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"code"')]
+    results, proc = run_many(list(invocations.values()), env=dict(os.environ))
     assert [r["code"] for r in results] == [0] * len(invocations), proc.stdout[-3000:] + proc.stderr[-3000:]
     return {key: r["ids"] for key, r in zip(invocations, results)}, proc.stdout
 
