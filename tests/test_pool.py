@@ -190,3 +190,66 @@ def test_clean_ddp_passes_every_rank_check_with_figures(pool):
     assert {"dist_output_parity", "dist_state_left_behind", "dist_waste_flops", "dist_waste_saved",
             "frozen_collectives"} <= set(verdicts)
     assert verdicts["dist_waste_flops"].figures["flops_ratio"] == 1.0 and figures["peak_bytes"] > 0
+
+
+def gather_in_flight_then_settle(rank: int, world_size: int, payload) -> bool:
+    """Rank 0 starts an all-gather rank 1 joins a second later; whether it is done once settle_collectives returns."""
+    import torch
+    import torch.distributed as dist
+
+    from te_verify.distributed.rank.case_runner import settle_collectives
+
+    out, mine = torch.empty(2 * world_size), torch.full((2,), float(rank))
+    if rank == 1:
+        time.sleep(1.0)
+    work = dist.all_gather_into_tensor(out, mine, async_op=True)
+    settle_collectives()
+    return work.is_completed() and out.tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_settling_waits_for_a_collective_still_in_flight(pool):
+    assert pool.run(gather_in_flight_then_settle, None).results == [True, True]
+
+
+def unsettled_cases(rank: int, world_size: int, payload) -> int:
+    from te_verify.distributed.rank import case_runner
+
+    return len(case_runner._UNSETTLED)
+
+
+def ddp_raising_after_forward(model, spec):
+    raise RuntimeError("planted: the wrapper raised on every rank")
+
+
+def test_a_case_raised_on_every_rank_keeps_its_buffers_until_the_next_case_settles(pool):
+    verdicts = _planted_ddp(pool, ddp_raising_after_forward)
+    assert any("planted: the wrapper raised" in v.message for v in verdicts.values())
+    assert pool.run(unsettled_cases, None).results == [1, 1]  # kept: its collectives may still write into them
+    assert all(v.ok for v in _planted_ddp(pool, None).values())
+    assert pool.run(unsettled_cases, None).results == [0, 0]
+
+
+def synchronous_megatron_fsdp_collectives(rank: int, world_size: int, payload) -> list:
+    """megatron_fsdp's SYNC_STEP on a module of its own: plain and coalesced async collectives are done on return."""
+    import types
+
+    import torch
+
+    from te_verify.compat.cuda_stand_in import TorchProxy
+    from te_verify.distributed.engines.megatron_fsdp import CompletedWork, synchronous_collectives
+
+    module = types.ModuleType("confined")
+    module.torch = TorchProxy("confined", ())
+    synchronous_collectives(module)
+    plain, coalesced, mine = torch.empty(2 * world_size), torch.empty(2 * world_size), torch.full((2,), rank + 1.0)
+    work = module.torch.distributed.all_gather_into_tensor(plain, mine, async_op=True)
+    with module._coalescing_manager(None, async_ops=True) as manager:
+        module.torch.distributed.all_gather_into_tensor(coalesced, mine, async_op=True)
+    done = coalesced.tolist()  # read before any wait
+    manager.wait()
+    return [isinstance(work, CompletedWork), plain.tolist(), done]
+
+
+def test_megatron_fsdps_cpu_step_finishes_its_collectives_before_they_return(pool):
+    expected = [True, [1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0]]
+    assert pool.run(synchronous_megatron_fsdp_collectives, None).results == [expected, expected]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import math
+import types
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,11 @@ CPU_STEP = ("megatron-fsdp-cpu-device: megatron-fsdp 0.6.1 on CPU; confined per 
             "a device-mismatch warning) and Stream (CPU program order); megatron_fsdp.param_and_grad_buffer "
             "current_stream, stream and empty_cache; megatron_fsdp.uneven_dtensor's boundary-check "
             "torch.tensor(...).cuda() stays a host tensor")
+SYNC_STEP = ("megatron-fsdp-cpu-synchronous-collectives: megatron-fsdp 0.6.1 on CPU; in megatron_fsdp.param_and_grad_buffer "
+             "every all-gather, reduce-scatter and all-reduce (coalesced or not) finishes before it returns: Megatron-FSDP "
+             "frees and reuses its buckets where a CUDA stream would order it after the collective, and gloo writes them "
+             "from its own thread (the heap of a rank was corrupted)")
+ASYNC_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast")
 CONFIG_STEP = ("megatron-fsdp-own-config: megatron-fsdp 0.6.1's fully_shard builds its DistributedDataParallelConfig "
                "from its own megatron_fsdp.distributed_data_parallel_config, not the installed megatron-core's (0.16.1 "
                "lacks fields 0.6.1 passes)")
@@ -96,9 +102,46 @@ def cpu_step() -> None:
     check_version()
     # current_device is formatted into "cuda:{}" there (see the module docstring): it answers the index 0.
     confine("megatron_fsdp.megatron_fsdp", ("Stream",), CPU_STEP, answers={"current_device": lambda: 0})
-    confine("megatron_fsdp.param_and_grad_buffer", ("current_stream", "stream", "empty_cache"), CPU_STEP)
+    buffers = confine("megatron_fsdp.param_and_grad_buffer", ("current_stream", "stream", "empty_cache"), CPU_STEP)
+    synchronous_collectives(buffers)
     uneven = confine("megatron_fsdp.uneven_dtensor", (), CPU_STEP)
     uneven.torch.tensor = host_tensor
+
+
+class CompletedWork:
+    """The handle of a collective that already finished (SYNC_STEP)."""
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class SynchronousDistributed(types.ModuleType):
+    """torch.distributed for megatron_fsdp.param_and_grad_buffer: its collectives finish before they return."""
+
+    def __init__(self) -> None:
+        super().__init__("torch.distributed")
+
+    def __getattr__(self, name: str):
+        value = getattr(dist, name)  # looked up at call time: te_verify's collective counter patches dist
+        if name not in ASYNC_COLLECTIVES:
+            return value
+
+        def synchronous(*args, async_op: bool = False, **kwargs):
+            value(*args, async_op=False, **kwargs)
+            return CompletedWork() if async_op else None
+
+        return synchronous
+
+
+def synchronous_collectives(module: types.ModuleType) -> None:
+    """SYNC_STEP in `module` (confined by cuda_stand_in.confine, so its `torch` is a per-module proxy)."""
+    module.torch.distributed = SynchronousDistributed()
+    coalescing = dist._coalescing_manager
+    module._coalescing_manager = lambda group=None, device=None, async_ops=False: coalescing(group, device)
+    record(SYNC_STEP)
 
 
 def host_tensor(*args, **kwargs) -> torch.Tensor:
@@ -259,6 +302,6 @@ def slack(bufs: list, world: int) -> int:
 
 
 ENGINE = Engine("megatron_fsdp", wrap, shards=lambda spec: strategy_of(spec) == "optim_grads_params",
-                reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params", cpu_steps=(CPU_STEP,),
+                reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params", cpu_steps=(CPU_STEP, SYNC_STEP),
                 steps=(CONFIG_STEP,),
                 package="megatron_fsdp", reductions=lambda spec: microbatches(spec) if reduces_each_microbatch(spec) else 1)

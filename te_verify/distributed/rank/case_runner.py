@@ -151,8 +151,20 @@ def run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     """The pool's per-case callable: run `case` on this rank. What it leaves in the rank's process state (grad mode,
     default dtype, torch.nn.functional, ...: te_verify.run.process_state) is put back, so the rank's next case starts as
     if it were the first."""
+    if _UNSETTLED:  # the last case raised on every rank (else the pool was rebuilt): settle what it left in flight
+        settle_collectives()
+        _UNSETTLED.clear()
     with kept():
-        return _run_dist_case(rank, world_size, case)
+        try:
+            return _run_dist_case(rank, world_size, case)
+        except BaseException as error:
+            _UNSETTLED.append(error.__traceback__)  # its frames keep the case's buffers alive until settled
+            raise
+
+
+# A raised case's traceback (its frames hold the wrapper and its buckets), kept until the next case settles its
+# collectives: freeing them while gloo still writes into them is the heap corruption settle_collectives prevents.
+_UNSETTLED: list = []
 
 
 def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
@@ -185,7 +197,23 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         outcome.observations["retained"] = retention.second_step(
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
             step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
+    settle_collectives()  # while `wrapped` and its buffers are alive
     return outcome
+
+
+def settle_collectives() -> None:
+    """Wait for every collective still in flight, on every process group this rank belongs to. A wrapper may end a
+    step with asynchronous work outstanding (Megatron-FSDP prefetches the next iteration's parameter all-gathers after
+    its optimizer step); gloo runs it on its own thread and writes into the wrapper's buckets after the case has freed
+    them, corrupting the heap of a later case in this rank. A barrier waits for a group's earlier work (gloo's
+    ProcessGroupGloo::barrier; on CUDA the device is synchronised too). Every rank has the same groups, made in the
+    same order, and reaches here only when its case finished."""
+    world = dist.distributed_c10d._world
+    for group in list(world.pg_names):
+        if dist.get_rank() in dist.get_process_group_ranks(group):
+            dist.barrier(group=group)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
