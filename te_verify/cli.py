@@ -34,6 +34,14 @@ def default_workers() -> int:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Run cases/ under pytest with xdist; 0 only when nothing unexpectedly failed."""
+    if args.resume:
+        from te_verify.report.resume import ResumeError, stream_of
+
+        try:
+            stream_of(args.resume)
+        except ResumeError as exc:
+            print(f"ERROR: {exc}", file=sys.stderr)
+            return 4  # pytest's usage-error status, as the plugin's own refusal
     import pytest
 
     report_dir = Path(args.resume or args.report_dir or default_report_dir())

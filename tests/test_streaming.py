@@ -18,8 +18,9 @@ from te_verify.report.stream import STREAM, RowStream, read_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-# Two families' smoke cases (11): enough rows to kill a run a third of the way through.
-RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "--workers", "1", "-k",
+# Two families' smoke cases (11): enough rows to kill a run a third of the way through. The killed run has an xdist
+# worker (rows stream from the controller, as in a user's run); the whole run and the resume run in-process.
+RUN = [sys.executable, "-m", "te_verify.cli", "run", "--tier", "smoke", "--backend", "eager", "-k",
        "test_freeze or test_bias"]
 
 
@@ -36,8 +37,8 @@ def _rows(folder: Path) -> list[str]:
 def _kill_part_way(folder: Path, after_rows: int) -> None:
     """Start the smoke tier's eager cases in their own process group and SIGKILL the whole group once `after_rows`
     rows are on disk."""
-    proc = subprocess.Popen([*RUN, "--report-dir", str(folder)], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen([*RUN, "--workers", "1", "--report-dir", str(folder)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while len(_rows(folder)) < after_rows and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -60,7 +61,7 @@ def _verdicts(folder: Path) -> dict[str, str]:
 
 def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert subprocess.run([*RUN, "--report-dir", str(whole)], cwd=ROOT, env=ENV, capture_output=True,
+    assert subprocess.run([*RUN, "--workers", "0", "--report-dir", str(whole)], cwd=ROOT, env=ENV, capture_output=True,
                           timeout=600).returncode == 0
     expected = _verdicts(whole)
     assert {json.loads(line)["backend"] for line in _rows(whole)} == {"eager"}  # --backend eager: its lane alone
@@ -81,8 +82,8 @@ def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
     assert len(never_ran) == len(expected) - len(stream["rows"]) and header["incomplete"]["selected"] == len(expected)
     assert "incomplete:" in (killed / "summary.md").read_text() and never_ran[0] in (killed / "report.html").read_text()
 
-    resumed = subprocess.run([*RUN, "--resume", str(killed)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                             timeout=600)
+    resumed = subprocess.run([*RUN, "--workers", "0", "--resume", str(killed)], cwd=ROOT, env=ENV,
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert _ran(resumed.stdout) == len(never_ran), resumed.stdout[-600:]  # only the cases that had no row
     assert _verdicts(killed) == expected

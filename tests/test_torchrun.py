@@ -103,9 +103,9 @@ def test_a_planted_failing_case_exits_non_zero(tmp_path):
 
 
 def test_expectations_apply_as_in_the_plugin(tmp_path):
-    """The same planted failure recorded as a known gap of its checks exits 0 (xfailed); recorded with another
-    failure text it stays failed; recorded for one of its two failing checks it fails naming the other; a gap
-    recorded for a passing case fails as an unexpected pass."""
+    """The same planted failure recorded as a known gap of its checks exits 0 (xfailed); recorded for one of its two
+    failing checks it fails naming the other; a gap recorded for a passing case fails as an unexpected pass. (Another
+    failure text than the recorded one is judged by the same code: tests/test_known_gaps.py.)"""
     case = ddp_specs("smoke")[0].id.removesuffix("ddp.ws2")  # the prefix both wrappers' ids share
     folder = tmp_path / "expectations"
     folder.mkdir()
@@ -116,9 +116,6 @@ def test_expectations_apply_as_in_the_plugin(tmp_path):
     proc, rows = run_one_node(tmp_path / "known", *planted)
     assert proc.returncode == 0 and [r["outcome"] for r in rows] == ["xfailed"], proc.stdout[-3000:]
     assert "grad of 0.weight" in rows[0]["observed"] and rows[0]["checks"]["gradient_volume"] == "known gap"
-    (folder / f"{PLANTED}.toml").write_text(entry + both + 'failure = "some other gap"\n')
-    proc, rows = run_one_node(tmp_path / "other", *planted)
-    assert proc.returncode == 1 and rows[0]["outcome"] == "failed" and "FAILED DIFFERENTLY" in rows[0]["reason"]
     (folder / f"{PLANTED}.toml").write_text(entry + 'checks = ["dist_grad_parity"]\n')
     proc, rows = run_one_node(tmp_path / "beside", *planted)
     assert proc.returncode == 1 and rows[0]["outcome"] == "failed"

@@ -24,16 +24,22 @@ def _selection(header: dict[str, Any]) -> dict[str, Any]:
             **{f"{name} version": version for name, version in sorted(header.get("versions", {}).items())}}
 
 
-def load_previous(report_dir: str | Path, header: dict[str, Any]) -> dict[str, Any]:
-    """The earlier run's stream ({"header", "selection", "rows"}) if `header` (this run's) continues it."""
+def stream_of(report_dir: str | Path) -> dict[str, Any]:
+    """The stream ({"header", "selection", "rows"}) of the run in `report_dir`; te-verify run reads it before it
+    starts pytest, so a folder that is no run's is refused in a second."""
     path = Path(report_dir) / STREAM
     if not path.exists():
         raise ResumeError(f"--resume {report_dir}: no {STREAM} there (not a te_verify report folder, or a run that "
                           f"never started)")
     try:
-        previous = read_stream(path)
+        return read_stream(path)
     except StreamError as exc:
         raise ResumeError(f"--resume {report_dir}: {exc}") from None
+
+
+def load_previous(report_dir: str | Path, header: dict[str, Any]) -> dict[str, Any]:
+    """The earlier run's stream if `header` (this run's) continues it."""
+    previous = stream_of(report_dir)
     before, now = _selection(previous["header"]), _selection(header)
     for key in sorted(set(before) | set(now)):
         if before.get(key) != now.get(key):
