@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from te_verify.distributed.types import Wrapped
+from te_verify.training import StateBytes, TrainStep, optimizer_for, optimizer_step
 from te_verify.distributed.wrappers import wrap_ddp, wrap_fsdp2
 
 
@@ -216,3 +217,40 @@ def ddp_unfreezing_after_backward(model, spec) -> Wrapped:
         return out
 
     return _with_forward(wrapped, forward)
+
+
+def _ddp_engine(model, spec, decay_frozen: bool = False, declare_state: bool = True) -> Wrapped:
+    """A user's training engine on DDP: SGD over the trainable parameters once DDP has averaged their gradients,
+    its momentum declared as its state. `decay_frozen`: the planted fault, a weight decay that reaches the frozen
+    weights too (each step multiplies them by 0.99)."""
+    wrapped = wrap_ddp(model, spec)
+    params = list(wrapped.module.parameters())
+    optimizer = optimizer_for(wrapped.module)
+    frozen = [p for p in params if not p.requires_grad]
+
+    def step() -> None:
+        optimizer_step(optimizer)
+        if decay_frozen:
+            with torch.no_grad():
+                for p in frozen:
+                    p.mul_(0.99)
+
+    def state() -> dict:
+        held = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                   if isinstance(t, torch.Tensor))
+        return {"optimizer_state": StateBytes(held, sharded=False)}
+
+    wrapped.train = TrainStep(step=step, state=state if declare_state else None, no_sync=wrapped.module.no_sync)
+    return wrapped
+
+
+def ddp_engine(model, spec) -> Wrapped:
+    return _ddp_engine(model, spec)
+
+
+def ddp_engine_decaying_frozen(model, spec) -> Wrapped:
+    return _ddp_engine(model, spec, decay_frozen=True)
+
+
+def ddp_engine_without_state(model, spec) -> Wrapped:
+    return _ddp_engine(model, spec, declare_state=False)

@@ -11,7 +11,8 @@ import pytest
 from te_verify.distributed.pool.pool import RankFailure, RankPool, process_gone
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix.dist import MIDDLE, _spec
-from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_params, ddp_extra_gemm,
+from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_params, ddp_engine,
+                              ddp_engine_decaying_frozen, ddp_engine_without_state, ddp_extra_gemm,
                               ddp_skipping_first_weight, ddp_wrong_output, ddp_writing_frozen_weight,
                               ddp_keeping_every_output, ddp_unfreezing_after_backward,
                               ddp_writing_its_input, defer_reshard_fsdp2)
@@ -253,3 +254,16 @@ def synchronous_megatron_fsdp_collectives(rank: int, world_size: int, payload) -
 def test_megatron_fsdps_cpu_step_finishes_its_collectives_before_they_return(pool):
     expected = [True, [1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0]]
     assert pool.run(synchronous_megatron_fsdp_collectives, None).results == [expected, expected]
+
+
+def test_a_users_engine_is_judged_like_a_built_in_one(pool):
+    """A declared wrapper with train= gets params_after_steps and engine_state, and its microbatches' backward is
+    watched for reshard_timing; a weight decay reaching frozen weights fails params_after_steps alone."""
+    clean = _planted_ddp(pool, ddp_engine)
+    assert all(v.ok for v in clean.values()), [v.message for v in clean.values() if not v.ok]
+    assert {"params_after_steps", "engine_state", "reshard_timing"} <= set(clean)
+    decaying = _planted_ddp(pool, ddp_engine_decaying_frozen)
+    assert {name for name, v in decaying.items() if not v.ok} == {"params_after_steps"}
+    assert "1.weight" in decaying["params_after_steps"].message, decaying["params_after_steps"].message
+    stateless = _planted_ddp(pool, ddp_engine_without_state)
+    assert "engine_state not observed: its TrainStep declares no state()" in stateless["engine_state"].message

@@ -157,7 +157,7 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
     uninitialised padding may hold a stale row of it: Megatron-FSDP's buckets, 128 B of a 4 KiB weight)."""
     frozen, names = {p.name: p for p in params if not p.trainable}, {p.name for p in params}
     needed_back = any(u.needed_in_backward for u in units)  # the root unit's (embedding, head) take part if any does
-    waste: dict[str, list[int]] = {}
+    waste: dict[str, list[tuple[int, int, int]]] = {}  # message -> (rank, iteration, microbatch) of each
     figures = {"frozen_collectives_compared": sum(len(calls) for calls in ranks.values()),
                "frozen_comm_bytes_needed": 0, "frozen_comm_bytes_waste": 0, "value_comm_bytes": 0,
                "buffer_comm_bytes": 0}
@@ -191,11 +191,18 @@ def frozen_collectives(case_id: str, backend: str, ranks: dict[int, list[Collect
                 figures["frozen_comm_bytes_waste"] += x.nbytes
                 what = "the gradient" if x.what == "grad" else "the values"
                 waste.setdefault(f"{c.kind} in {c.phase} carried {what} of frozen {x.name} ({x.nbytes:,} B): {why}",
-                                 []).append(rank)
+                                 []).append((rank, c.iteration, c.microbatch))
     if not waste:
         return Verdict("frozen_collectives", True, figures=figures)
-    lines = [f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, sorted(set(r))))}: {m}" for m, r in waste.items()]
-    return Verdict("frozen_collectives", False, f"[{case_id}] backend {backend}: " + "; ".join(lines), figures)
+    return Verdict("frozen_collectives", False, f"[{case_id}] backend {backend}: "
+                   + "; ".join(_wasted_at(m, where) for m, where in waste.items()), figures)
+
+
+def _wasted_at(message: str, where: list[tuple[int, int, int]]) -> str:
+    """`message` with the ranks that sent it and the iterations/microbatches (1-based) where it happened."""
+    ranks = sorted({r for r, _, _ in where})
+    steps = ", ".join(f"{i + 1}/{m + 1}" for i, m in sorted({(i, m) for _, i, m in where}))
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message} (iteration/microbatch {steps})"
 
 
 def _unit_name(p: ParamInfo) -> str:

@@ -78,7 +78,8 @@ def engine_state(case_id: str, backend: str, ranks: dict[int, dict[str, StateByt
             surplus = held.nbytes - need
             scale = world_size if held.sharded else 1  # a sharded surplus is a rank's share of the frozen room
             problems.append(f"rank {rank}: {category} holds {held.nbytes:,} B, the trainable parameters need "
-                            f"{need:,} B (+{held.slack:,} B padding at most), made in {MADE_IN[category]}"
+                            f"{need:,} B (+{held.slack:,} B padding at most), made in "
+                            f"{MADE_IN.get(category, 'the engine (a category of its state())')}"
                             + explain_surplus(_as_state(frozen, element_size), surplus * scale,
                                               held.slack * scale))
     if not problems:

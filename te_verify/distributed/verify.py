@@ -13,7 +13,7 @@ from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
 from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
 from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for, truth_bound
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import flops_verdict, saved_verdict, site_name
 from te_verify.compat import record
 from te_verify.distributed.declare import REGISTERED
@@ -227,12 +227,13 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     params = param_infos(spec)
     layers = layer_infos(spec, params)
     regathers = reshards_after_forward(spec)
-    verdicts.append(volume_per_iteration(spec, outcome.collectives, params, outcome.engine_state.get("grad_buffer")))
+    layout = (outcome.engine_state or {}).get("grad_buffer")
+    verdicts.append(volume_per_iteration(spec, outcome.collectives, params, layout))
     verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
                                        params, layers, shards(spec), regathers, spec.dist.world_size))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers))
-    if engine(backend) is not None:
+    if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts
 
@@ -262,8 +263,16 @@ def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo
     return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),
                                {r: o.params_after_steps for r, o in ranks.items()}, frozen, tol, truth,
                                truth_bound(spec, Record(backend="eager SGD in fp64"))),
-            engine_state(spec.id, spec.dist.wrapper, {r: o.engine_state for r, o in ranks.items()}, params,
-                         spec.dist.world_size)]
+            state_verdict(spec, ranks, params)]
+
+
+def state_verdict(spec: CaseSpec, ranks: dict[int, RankOutcome], params: list[ParamInfo]) -> Verdict:
+    """engine_state, or "not observed" for an engine whose TrainStep declares no state()."""
+    if any(o.engine_state is None for o in ranks.values()):
+        return not_observed("engine_state", spec.id, spec.dist.wrapper, "its TrainStep declares no state() to read "
+                            "what it keeps per rank", blocked_by=None)
+    return engine_state(spec.id, spec.dist.wrapper, {r: o.engine_state for r, o in ranks.items()}, params,
+                        spec.dist.world_size)
 
 
 def dist_tolerance(spec: CaseSpec, ref: Record) -> Tolerance:

@@ -25,7 +25,7 @@ from te_verify.distributed.rank.carried import Attribution, ContentIndex
 from te_verify.distributed.rank.training import microbatches
 from te_verify.training import StateBytes
 from te_verify.training import chunked, run_iteration
-from te_verify.distributed.rank.observe import CollectiveCounter, Timeline, capture_boundaries
+from te_verify.distributed.rank.observe import CollectiveCounter, Timeline, capture_boundaries, keep_boundaries
 from te_verify.distributed.types import Slot, Wrapped, WrapperError, param_slots
 from te_verify.distributed.wrappers import wrap
 from te_verify.oracle.sites import linear_weights
@@ -83,8 +83,8 @@ class RankOutcome:
     inputs_after: dict[str, TensorState] = field(default_factory=dict)
     # A training engine's full parameters after each optimizer step (distributed.rank.training); empty for a wrapper.
     params_after_steps: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
-    # A training engine's state bytes per category after its last step, on this rank.
-    engine_state: dict[str, StateBytes] = field(default_factory=dict)
+    # A training engine's state bytes per category after its last step, on this rank (None: its TrainStep has no state).
+    engine_state: dict[str, StateBytes] | None = field(default_factory=dict)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
@@ -223,8 +223,7 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
         for probe in probes:
             probing.enter_context(probe)
         if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.rank.training)
-            out = torch.cat(run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
-                                          lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch)))
+            out = _engine_forward_backward(spec, wrapped, x, cotangent, counter, timeline, probes, observe)
         else:
             out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
         counter.phase = "step"  # whatever runs after backward returns (an engine's optimizer step: _train_steps)
@@ -260,7 +259,28 @@ def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: t
             counter.phase = "step"
             wrapped.train.step()
         outcome.params_after_steps.append(to_host(wrapped.full_params()))
-    outcome.engine_state = wrapped.train.state()
+    outcome.engine_state = wrapped.train.state() if wrapped.train.state is not None else None
+
+
+def _engine_forward_backward(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
+                             counter: CollectiveCounter, timeline: Timeline, probes: list,
+                             observe: bool) -> torch.Tensor:
+    """An engine's measured iteration (its microbatches, backward and finish), each microbatch's layer boundaries
+    watched in its backward as a plain wrapper's are."""
+    boundaries: dict[int, torch.Tensor] = {}
+    handles = keep_boundaries(wrapped.layers, boundaries) if observe else []
+
+    def phase(name: str, microbatch: int) -> None:
+        _set_phases(counter, probes, name, microbatch)
+        if observe and name == "backward":  # this microbatch's forward is done: its boundaries are in `boundaries`
+            timeline.watch_boundaries(dict(boundaries))
+            timeline.mark("backward_start", len(wrapped.layers))
+
+    try:
+        return torch.cat(run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)), phase))
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:

@@ -157,10 +157,19 @@ class Timeline:
 def capture_boundaries(layers: list[torch.nn.Module], x: torch.Tensor) -> tuple[dict[int, torch.Tensor], list]:
     """Forward hooks that keep each layer's output (boundary k+1); boundary 0 is the input itself."""
     boundaries: dict[int, torch.Tensor] = {0: x}
+    return boundaries, keep_boundaries(layers, boundaries, with_input=False)
+
+
+def keep_boundaries(layers: list[torch.nn.Module], boundaries: dict[int, torch.Tensor],
+                    with_input: bool = True) -> list:
+    """Hooks that put each layer's output in `boundaries` (boundary k+1) on every forward, and the first layer's
+    input (boundary 0) where `with_input`: an engine's microbatches are inputs the case does not hold."""
     handles = []
+    if with_input and layers:
+        handles.append(layers[0].register_forward_pre_hook(lambda module, args: boundaries.__setitem__(0, args[0])))
     for i, layer in enumerate(layers):
         def keep(module, args, output, i=i):
             boundaries[i + 1] = output
 
         handles.append(layer.register_forward_hook(keep))
-    return boundaries, handles
+    return handles
