@@ -4,8 +4,16 @@ columnwise copy of it is needed. The clean run
 (TE 2.20.2 makes none, and without biases no columnwise grad_output copy for the frozen layers: TE issue 1693's fix)
 passes; a planted TE build keeping a columnwise copy of every weight fails naming the frozen layers; the per-recipe
 copy sizes of the oracle match what TE allocates for the copies it keeps. A gradient copy no backward GEMM reads (so
-of no layer known) is judged too: GroupedLinear's unread columnwise grad_output copies are named."""
+of no layer known) is judged too: GroupedLinear's unread columnwise grad_output copies are named. Under
+CustomRecipe(high_precision_fwd_mxfp8_bwd) at sm100 (tests/custom_recipe_moe.py, its own interpreter) a run where
+nothing needs a gradient quantizes nothing and passes saying so, while a build making columnwise copies there fails
+and a record that missed the GEMMs or the copies stays not observed; te_saved_bytes names GroupedLinear's saved bias
+casts (no FP8 copy, no layer input), and without biases the saved bytes are exact."""
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +26,7 @@ from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
 from te_verify.te import api as te_api
 
+ROOT = Path(__file__).resolve().parents[1]
 ALT = (True, False, True, False)  # layers 0 and 2 frozen
 SPEC = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, None, False, (16,), te=TEConfig(recipe="block"))
 
@@ -124,3 +133,47 @@ def test_grad_output_copies_the_wgrads_read_pass(emulated):
     made = verdict.figures["fp8_copies_made"]
     assert "?/grad_output" not in made
     assert all("wgrad:columnwise" in made[f"0.e{i}/grad_output"]["read_by"] for i in range(4))
+
+
+@pytest.fixture(scope="module")
+def custom_sm100() -> dict:
+    """tests/custom_recipe_moe.py's verdicts, from an interpreter booted at sm100."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "custom_recipe_moe.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_nothing_quantized_where_nothing_needs_a_gradient_passes_saying_so(custom_sm100):
+    """Every expert and the input frozen: CustomRecipe's high-precision forward makes no copy, and none is needed."""
+    clean = custom_sm100["made clean"]
+    assert clean["ok"], clean["message"]
+    assert clean["figures"]["fp8_copies_made_compared"] == ("nothing: no quantized copy made, and the 4 GEMMs "
+                                                            "recorded read high-precision operands")
+
+
+def test_planted_columnwise_copies_where_nothing_needs_them_fail(custom_sm100):
+    planted = custom_sm100["made planted"]
+    assert not planted["ok"]
+    for expert in range(4):
+        assert f"layer 0.e{expert}: weight has a columnwise copy" in planted["message"]
+
+
+@pytest.mark.parametrize("run", ["made no gemms", "made fp8 gemms", "made unattributed gemms", "made trains"])
+def test_a_record_that_missed_the_gemms_or_the_copies_is_not_observed(custom_sm100, run: str):
+    """No GEMM seen, GEMMs on FP8 operands or of no layer beside no copy, or no copy where wgrads needed some."""
+    verdict = custom_sm100[run]
+    assert not verdict["ok"]
+    assert "fp8_copies_made not observed: no quantized copy attributed to a layer" in verdict["message"]
+
+
+def test_saved_bias_casts_are_named_and_without_biases_saved_bytes_are_exact(custom_sm100):
+    """GroupedLinear keeps a bf16 cast of each expert's bias (fp32 activations, FP8 GEMMs) that backward never
+    reads: te_saved_bytes fails by exactly those 4 x 64 B and names them; without biases it passes."""
+    with_bias, without = custom_sm100["saved bias"], custom_sm100["saved nobias"]
+    assert not with_bias["ok"]
+    assert with_bias["figures"]["saved_bytes_actual"] - with_bias["figures"]["saved_bytes_required"] == 4 * 32 * 2
+    assert "saved storages no FP8 copy or layer input accounts for: 4 x bfloat16[32] (256 B)" in with_bias["message"]
+    assert without["ok"], without["message"]
+    assert without["figures"]["saved_bytes_actual"] == without["figures"]["saved_bytes_required"] > 0

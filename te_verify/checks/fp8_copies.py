@@ -139,7 +139,9 @@ def copies_made(case_id: str, backend: str, spec: CaseSpec, record: Record) -> V
     """fp8_copies_made (block-scaled recipes): a layer's weight, input or grad_output has a columnwise copy only
     where a GEMM the case needs reads it (a weight's for dgrad; an input's and a grad_output's for wgrad): a frozen
     weight whose input needs no gradient needs none, nor does the grad_output of a layer whose weight does not
-    train. Measured on every copy the run made (quantize outputs, GEMM operands), not only those saved."""
+    train. Measured on every copy the run made (quantize outputs, GEMM operands), not only those saved. With no copy
+    attributed it is not observed, unless the record shows nothing was quantized where nothing needed it
+    (_nothing_quantized)."""
     obs = record.observations
     if "tex_record" not in obs:
         return not_observed("fp8_copies_made", case_id, backend, "no tex record of the quantized copies",
@@ -164,6 +166,21 @@ def copies_made(case_id: str, backend: str, spec: CaseSpec, record: Record) -> V
         return Verdict("fp8_copies_made", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures,
                        tuple(problems))
     if not figures["fp8_copies_made_compared"]:
-        return not_observed("fp8_copies_made", case_id, backend, "no quantized copy attributed to a layer",
-                            figures, blocked_by=None)
+        nothing = _nothing_quantized(obs, made, roles)
+        if nothing is None:
+            return not_observed("fp8_copies_made", case_id, backend, "no quantized copy attributed to a layer",
+                                figures, blocked_by=None)
+        figures["fp8_copies_made_compared"] = nothing
     return Verdict("fp8_copies_made", True, figures=figures)
+
+
+def _nothing_quantized(obs: dict, made: dict, roles: dict[str, set[str]]) -> str | None:
+    """The figure that makes "no copy" a measurement, or None where it is not one: no required GEMM reads a
+    columnwise copy (no dgrad or wgrad anywhere), and the tex record holds the run's GEMMs, each attributed to a layer
+    and none on a quantized operand, beside no quantized copy (CustomRecipe's high-precision forward makes none where
+    nothing needs a gradient). Otherwise an empty record may be one that missed the copies."""
+    gemms, readers = obs.get("gemm_log", []), set(COLUMNWISE_READER.values())
+    if made or any(r & readers for r in roles.values()) or not gemms or \
+            any(e.layer == "?" or e.gemm.fp8 for e in gemms):
+        return None
+    return f"nothing: no quantized copy made, and the {len(gemms)} GEMMs recorded read high-precision operands"

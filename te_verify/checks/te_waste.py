@@ -163,14 +163,32 @@ def saved_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> 
     return Verdict("saved_copies", True, figures=figures)
 
 
+def _unaccounted(record: Record) -> list[str]:
+    """The new saved storages (under TE's Python) that are no FP8 copy's buffer and no layer's input, by dtype and
+    shape: what neither the copy record nor the oracle's inputs name (GroupedLinear's bf16 bias casts, say)."""
+    obs = record.observations
+    if "tex_record" not in obs or "saved_items" not in obs:
+        return []
+    named = {key[0] for key in obs["tex_record"].provenance} | {root[0] for root in obs.get("input_layers", {})}
+    kept = {item.key: item for item in obs["saved_items"] if item.new and item.key not in named}
+    if not kept:
+        return []
+    kinds = Counter(f"{item.dtype.removeprefix('torch.')}{list(item.shape)}" for item in kept.values())
+    return [f"saved storages no FP8 copy or layer input accounts for: "
+            f"{', '.join(f'{n} x {kind}' for kind, n in sorted(kinds.items()))} "
+            f"({sum(item.storage_bytes for item in kept.values()):,} B)"]
+
+
 def _surplus(spec: CaseSpec, record: Record) -> list[str]:
-    """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events."""
+    """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events; then the
+    saved storages neither names (_unaccounted)."""
     if saved_fp8_copies(spec, record):
-        return ["the FP8 copies kept, by site, are in the fp8_copies check"]
+        return ["the FP8 copies kept, by site, are in the fp8_copies check", *_unaccounted(record)]
     required = required_roles(spec)
-    return [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
-            for e in record.observations.get("te_saved", [])
-            if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
+    events = [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
+              for e in record.observations.get("te_saved", [])
+              if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
+    return events + _unaccounted(record)
 
 
 def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
