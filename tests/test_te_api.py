@@ -84,3 +84,19 @@ def test_reference_is_selectable_and_says_it_is_not_te():
 def test_make_recipe_builds_the_spec_format(recipe, fmt):
     api = te_api.resolve("reference").api
     assert te_api.make_recipe(api, recipe, fmt).fp8_format == getattr(api.Format, fmt)
+
+
+def test_case_recipe_keeps_every_field_of_the_case_and_every_backend_builds_it_there():
+    """torch_compile_te once built its recipe without the custom factory (AttributeError on every fp8custom case):
+    every TE backend builds the case's recipe through case_recipe, which passes every recipe field."""
+    import inspect
+
+    from te_verify.backends import te_eager, thunder_te, torch_compile_te
+    from te_verify.spec import TEConfig
+
+    api = te_api.resolve(None).api  # TE's Python over the emulation (sm90: the recipe is built, not run)
+    te = TEConfig(recipe="custom", qfactory="high_precision_fwd_mxfp8_bwd_factory")
+    assert te_api.case_recipe(api, te).qfactory is te_api.custom_factory(api, te.qfactory)
+    for module in (te_eager, thunder_te, torch_compile_te):
+        source = inspect.getsource(module)
+        assert "make_recipe(" not in source and "case_recipe(" in source, module.__name__

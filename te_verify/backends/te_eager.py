@@ -287,7 +287,7 @@ class TEEagerBackend:
         te = spec.te or TEConfig()
         if te.main_grad:
             attach_main_grad(model, te)
-        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len, te.qfactory)
+        recipe = te_api.case_recipe(api, te)
         if spec.model is not None:
             return TEFamily(convert_family(model, spec, api, self.extra_sites), api, recipe)
         return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)

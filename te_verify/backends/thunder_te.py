@@ -78,7 +78,7 @@ class ThunderTEBackend:
         jitted = thunder.jit(model, executors=[*executors, *thunder.get_default_executors()], transforms=transforms)
         api = self.impl.api
         te = spec.te or TEConfig()
-        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len, te.qfactory)
+        recipe = te_api.case_recipe(api, te)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             # No recipe: thunder is called outside autocast, as a te_eager run without FP8 would be.

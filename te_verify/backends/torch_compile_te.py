@@ -187,7 +187,7 @@ class TorchCompileTEBackend(TEEagerBackend):
         te = spec.te or TEConfig()
         if te.main_grad:
             attach_main_grad(model, te)
-        recipe = te_api.make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len)
+        recipe = te_api.case_recipe(api, te)
         # Built without a recipe: TE's autocast goes around the compiled call (run below), not inside the graph.
         if spec.model is not None:
             inner = TEFamily(convert_family(model, spec, api), api, None)

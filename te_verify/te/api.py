@@ -343,6 +343,11 @@ def custom_factory(api: SimpleNamespace, name: str):
     return getattr(zoo, name)
 
 
+def case_recipe(api: SimpleNamespace, te) -> object | None:
+    """The recipe object of a case's TEConfig `te` (every backend builds its recipe here, so none drops a field)."""
+    return make_recipe(api, te.recipe, te.fp8_format, te.amax_history_len, te.qfactory)
+
+
 def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024,
                 qfactory: str = ""):
     """The spec's recipe name (spec.RECIPES) as a recipe object of `api`, in `fp8_format` (NVFP4BlockScaling takes
