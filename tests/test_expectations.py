@@ -79,6 +79,22 @@ def test_torch_version_scopes_an_entry_by_torch_s_public_version(tmp_path):
         assert covering([entry], "torch_compile_te", "lin4-w8", "", env) == ([entry] if holds else []), torch_version
 
 
+def test_te_capability_scopes_an_entry_to_the_capabilities_it_names(tmp_path):
+    """TE keeps no columnwise FP8 copy on Blackwell where Hopper's GEMMs need one: a gap of sm90 holds there only."""
+    _write(tmp_path, "te_eager.toml", f'''\
+        [[xfail]]
+        prefix = "lin4-"
+        checks = ["fp8_copies"]
+        reason = "a columnwise copy Hopper's TN-only FP8 GEMM needs"
+        link = "{LINK}"
+        te_capability = ["sm89", "sm90"]
+        ''')
+    (entry,) = load_expectations(tmp_path)
+    for capability, holds in (("sm90", True), ("sm89", True), ("sm100", False), (None, False)):
+        env = {**CPU, "te_capability": capability}
+        assert covering([entry], "te_eager", "lin4-w8", "", env) == ([entry] if holds else []), capability
+
+
 @pytest.mark.parametrize("text, line, words", [
     ('[[xfail]]\nprefix = "a"\nreason = "r\nlink = ""\n', 3, "invalid TOML"),
     ('[[xfail]]\nprefix = "a"\nreason = "r"\nlink = ""\nissue = 5\n', 5, "unknown key 'issue'"),
@@ -91,6 +107,7 @@ def test_torch_version_scopes_an_entry_by_torch_s_public_version(tmp_path):
     ('[[skip]]\nprefix = "a"\nreason = "r"\ndevice = "tpu"\n', 4, "device 'tpu'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\nte_version = "2.9+"\n', 4, "te_version '2.9+'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\ntorch_version = "2.14+"\n', 4, "torch_version '2.14+'"),
+    ('[[skip]]\nprefix = "a"\nreason = "r"\nte_capability = "hopper"\n', 4, "te_capability 'hopper'"),
     ('[[xfail]]\nprefix = "a"\nreason = "r"\nlink = "#2076"\nchecks = ["ending"]\n', 4, "not an http(s) URL"),
     ('[[skip]]\nreason = "r"\n', 1, "exactly one of 'prefix'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\n[[skip]]\nprefix = "a"\nreason = "again"\n', 4, "duplicate"),

@@ -13,6 +13,7 @@
     device = "cuda"                               # optional: "cpu" or "cuda"
     te_version = ">=2.9,<3"                       # optional: a version range; never holds when TE is absent
     torch_version = ">=2.14"                      # optional: a torch version range (local labels like +cpu ignored)
+    te_capability = ["sm89", "sm90"]              # optional: the compute capabilities (GPU's or emulated) it holds at
 
     [[skip]]
     prefix = "lin2-"
@@ -44,7 +45,7 @@ from te_verify.checks.names import CHECKS, unknown_check_message
 
 STATUSES = ("xfail", "skip")
 KEYS = {"prefix", "glob", "exclude", "nodeid", "family", "reason", "link", "failure", "te_version", "torch_version",
-        "device", "checks", "elements"}
+        "device", "te_capability", "checks", "elements"}
 SELECTORS = ("prefix", "glob", "nodeid")
 DEVICES = ("cpu", "cuda")
 UNTRIAGED = "TODO: triage"
@@ -84,6 +85,9 @@ class Expectation:
     torch_version: str | None = None
     # Optional device kind the entry is limited to: "cpu" or "cuda".
     device: str | None = None
+    # Optional compute capabilities TE runs at ("sm90"; the emulated one on CPU) the entry is limited to: TE takes
+    # other paths on Blackwell (sm100) than on Hopper.
+    te_capability: tuple[str, ...] = ()
     # Case-id pattern (fnmatch), or None.
     glob: str | None = None
     # Text the failure message must contain for the failure to be this gap (xfail only), or None.
@@ -140,7 +144,7 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     for key, value in entry.items():
         if key in ("checks", "elements"):
             _check_names(path, _key_line(text, key, line), value, key)
-        elif key == "exclude" and isinstance(value, list):
+        elif key in ("exclude", "te_capability") and isinstance(value, list):
             _check_names(path, _key_line(text, key, line), value, key)
         elif not isinstance(value, str):
             raise _fail(path, _key_line(text, key, line), f"{key} must be a string, got {value!r}")
@@ -165,6 +169,12 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
         raise _fail(path, _key_line(text, "link", line), f"link {link!r} is not an http(s) URL")
     if "device" in entry and entry["device"] not in DEVICES:
         raise _fail(path, _key_line(text, "device", line), f"device {entry['device']!r}: expected one of {DEVICES}")
+    capabilities = entry.get("te_capability", [])
+    capabilities = [capabilities] if isinstance(capabilities, str) else capabilities
+    if not isinstance(capabilities, list) or not all(isinstance(c, str) and re.fullmatch(r"sm\d+", c)
+                                                      for c in capabilities):
+        raise _fail(path, _key_line(text, "te_capability", line),
+                    f"te_capability {entry['te_capability']!r}: expected a capability like \"sm90\" or a list of them")
     for key in ("te_version", "torch_version"):
         try:
             SpecifierSet(entry.get(key, ""))
@@ -174,14 +184,15 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
     return Expectation(file=str(path), line=line, backend=path.stem, status=status, prefix=entry.get("prefix"),
                        nodeid=entry.get("nodeid"), reason=entry["reason"], link=link,
                        te_version=entry.get("te_version"), torch_version=entry.get("torch_version"),
-                       device=entry.get("device"), glob=entry.get("glob"), failure=entry.get("failure"),
+                       device=entry.get("device"), te_capability=tuple(capabilities), glob=entry.get("glob"),
+                       failure=entry.get("failure"),
                        family=entry.get("family"),
                        exclude=tuple(entry["exclude"]) if isinstance(entry.get("exclude"), list) else entry.get("exclude"),
                        checks=tuple(entry.get("checks", ())), elements=tuple(entry.get("elements", ())))
 
 
 def _check_names(path: Path, line: int, value: Any, key: str = "checks") -> None:
-    what = {"checks": "check names", "exclude": "case-id patterns"}.get(key, "element names (a parameter's qualified name)")
+    what = {"checks": "check names", "exclude": "case-id patterns", "te_capability": "capabilities"}.get(key, "element names (a parameter's qualified name)")
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
         raise _fail(path, line, f"{key} must be a non-empty list of {what}, got {value!r}")
     if len(set(value)) != len(value):
@@ -243,8 +254,11 @@ def device_kind(device: str | None) -> str:
 
 
 def applies(expectation: Expectation, env: dict) -> bool:
-    """Do the entry's conditions hold in `env` ({"te_version": str | None, "device": str, "torch_version": str})?"""
+    """Do the entry's conditions hold in `env` ({"te_version": str | None, "device": str, "torch_version": str,
+    "te_capability": str})?"""
     if expectation.device and device_kind(env.get("device")) != expectation.device:
+        return False
+    if expectation.te_capability and env.get("te_capability") not in expectation.te_capability:
         return False
     if expectation.te_version:
         version = _te_version(env)
@@ -288,7 +302,8 @@ def current_env() -> dict:
     from te_verify.te import api as te_api
 
     version = transformer_engine_version() if te_api.active().runs_te_python else None
-    return {"te_version": version, "device": run_device.describe(), "torch_version": torch.__version__}
+    return {"te_version": version, "device": run_device.describe(), "torch_version": torch.__version__,
+            "te_capability": te_api.capability()}
 
 
 def seen_in_rows(expectations: list[Expectation], rows: list[dict]) -> set[Expectation]:

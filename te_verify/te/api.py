@@ -275,6 +275,14 @@ def activate(impl: TEImpl, capability: str = "sm90") -> None:
     _CAPABILITY[0] = capability
 
 
+def capability() -> str:
+    """The compute capability TE runs at: the GPU's ("sm90" on an H100), else the emulated one (--te-capability)."""
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm{major}{minor}"
+    return _CAPABILITY[0]
+
+
 def active() -> TEImpl:
     """The activated implementation (resolving the default on first use)."""
     if not _ACTIVE:
