@@ -67,3 +67,25 @@ def test_strategy_shrinks_to_the_smallest_failing_spec():
     smallest = find(case_specs(), lambda s: s.n_layers >= 3 and s.weight_frozen[2], settings=settings(database=None))
     assert smallest.n_layers == 3 and smallest.weight_frozen == (False, False, True)
     assert set(smallest.widths) == {1} and smallest.replays == 1 and smallest.dtype == "fp32"
+
+
+@pytest.mark.parametrize("tier, per_recipe", [("pr", 1), ("nightly", 5)])
+def test_te_lora_runs_each_block_recipe_on_what_it_needs(tier, per_recipe):
+    """te_lora's block-scaled cases (issue 26): one per recipe in pr, in nightly also other targets and each library
+    model kind; each on the tokens and dtype its recipe needs (BLOCK_NEEDS; MXFP8's 32-blocks also divide the
+    model's widths), the custom recipe over its factory."""
+    from collections import Counter
+
+    from te_verify.matrix.te import BLOCK_NEEDS, BLOCK_RECIPES, te_lora_specs
+
+    block = [s for s in te_lora_specs(tier) if s.te.recipe in BLOCK_RECIPES]
+    assert Counter(s.te.recipe for s in block) == {r: per_recipe for r in BLOCK_RECIPES}
+    for s in block:
+        needs, rows = BLOCK_NEEDS[s.te.recipe], s.batch_shape[0] * s.batch_shape[1]
+        assert rows % needs.get("batch_shape", (1,))[0] == 0 and s.dtype == needs.get("dtype", "fp32"), s.id
+        assert bool(s.te.qfactory) == (s.te.recipe == "custom"), s.id
+        if "batch_shape" in needs:  # MXFP8 GEMMs: every width a multiple of 32
+            assert s.model.n_embd % 32 == 0 and s.model.intermediate % 32 == 0, s.id
+    if tier == "nightly":
+        assert {(s.te.recipe, s.model.kind) for s in block} == {(r, k) for r in BLOCK_RECIPES
+                                                                for k in ("llama", "hf_peft", "litgpt_lora")}

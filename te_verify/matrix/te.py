@@ -233,24 +233,37 @@ LORA_TARGETS = {"qv": ("q", "v"), "attn": ("q", "k", "v", "o"), "mlp": ("fc_1", 
                 "all": ("q", "k", "v", "o", "fc_1", "fc_2", "proj")}
 
 
+LORA_SEQ = 8  # tokens per sequence; a case's batch is (rows // LORA_SEQ, LORA_SEQ)
+
+
 def _lora(targets: str, x_grad: bool, dtype: str, recipe: str | None = None, blocks: int = 1,
-          seed: int = 0, kind: str = "llama") -> CaseSpec:
+          seed: int = 0, kind: str = "llama", rows: int = 16) -> CaseSpec:
     tokens = kind == "litgpt_lora"  # LitGPT's GPT takes token ids and ends in its head
     model = ModelConfig(kind, blocks=blocks, lora_on=LORA_TARGETS[targets], te_base=True, embedding=tokens,
                         head=tokens)
-    return CaseSpec("te_lora", (model.in_width, model.out_width), (), None, x_grad, (2, 8), dtype, model=model,
-                    te=TEConfig(recipe=recipe), seed=seed)
+    te = block_te(recipe) if recipe in BLOCK_RECIPES else TEConfig(recipe=recipe)
+    return CaseSpec("te_lora", (model.in_width, model.out_width), (), None, x_grad, (rows // LORA_SEQ, LORA_SEQ),
+                    dtype, model=model, te=te, seed=seed)
+
+
+def _lora_block(recipe: str, targets: str, x_grad: bool, **lora) -> CaseSpec:
+    """A te_lora case under a block-scaled recipe, on the tokens and dtype it needs (BLOCK_NEEDS: MXFP8's 32 rows as
+    (4, 8), NVFP4's bf16); fp32 otherwise. The models' widths (32, 64) are multiples of MXFP8's 32-blocks."""
+    needs = BLOCK_NEEDS[recipe]
+    rows = needs.get("batch_shape", (16,))[0]
+    return _lora(targets, x_grad, needs.get("dtype", "fp32"), recipe, rows=rows, **lora)
 
 
 def te_lora_specs(tier: str) -> list[CaseSpec]:
     """LoRA over TE Linear (issue 12): Llama blocks (in nightly also transformers + peft's and LitGPT's models, issue
-    19) whose adapters' bases are TE Linears (frozen), the adapters torch's; high precision in fp32 and bf16, and FP8
-    (delayed, current scaling) in fp32. One backward pass: TE frees its saved state in the first backward (TE issue
-    990), so replays are the te_replay family's."""
+    19) whose adapters' bases are TE Linears (frozen), the adapters torch's; high precision in fp32 and bf16, FP8
+    (delayed, current scaling) in fp32, and the block-scaled recipes on what each needs (NVFP4: bf16). One backward
+    pass: TE frees its saved state in the first backward (TE issue 990), so replays are the te_replay family's."""
     check_tier(tier)
     if tier == "smoke":
         return [_lora("qv", True, "fp32"), _lora("all", False, "bf16")]
-    # pr: six specs (thunder_te compiles each in about 6 s on 2 cores); nightly: every target, x_grad and dtype.
+    # pr: six specs and one per block-scaled recipe (thunder_te compiles each in about 6 s on 2 cores); nightly:
+    # every target, x_grad and dtype.
     specs = [_lora("qv", True, "fp32"), _lora("qv", False, "fp32"), _lora("all", True, "fp32"),
              _lora("all", False, "bf16"), _lora("qv", True, "fp32", "delayed"), _lora("all", True, "fp32", "current")]
     if tier == "nightly":  # about 6 s per thunder_te case: the other targets and recipes, 2 blocks once
@@ -263,6 +276,12 @@ def te_lora_specs(tier: str) -> list[CaseSpec]:
             specs += [_lora("qv", x_grad, "fp32", kind=kind), _lora("all", False, "bf16", kind=kind),
                       _lora("all", x_grad, "fp32", "delayed", kind=kind),
                       _lora("qv", x_grad, "fp32", "current", kind=kind)]
+    # Block-scaled recipes (issue 26), a pairwise factor: pr one case each; nightly the other targets and input
+    # gradient, and each library model kind.
+    specs += block_specs(tier, lambda r: _lora_block(r, "qv", True),
+                         lambda r: [_lora_block(r, "all", False), _lora_block(r, "mlp", True),
+                                    _lora_block(r, "all", True, kind="hf_peft"),
+                                    _lora_block(r, "all", False, kind="litgpt_lora")])
     return dedupe(specs)
 
 

@@ -9,6 +9,8 @@ that cannot be attributed keeps layer "?" and the check says so.
 """
 from __future__ import annotations
 
+import sys
+import types
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,7 @@ import torch
 
 from te_verify.probes import dispatch
 from te_verify.probes.flops import GemmProbe
-from te_verify.te.tecpu.record import RootKey, TexGemm, TexRecorder, patch_tex, restore_tex
+from te_verify.te.tecpu.record import TEX_MODULE, RootKey, TexGemm, TexRecorder, patch_tex, restore_tex
 
 
 @dataclass(frozen=True)
@@ -126,12 +128,29 @@ class TexGemmProbe:
                 "input_layers": input_layers}
 
 
+# TE's Python functions that build a process-wide constant once (functools.lru_cache) with an aten GEMM: TE 2.20's
+# NVFP4 random Hadamard matrix (tensor/nvfp4_tensor.py get_rht_matrix: sign_matrix @ H16), built by the first
+# NVFP4Quantizer of a process. Only the first case of a process would run it, so judging it would make a verdict
+# depend on which case ran before: its GEMMs are counted (aten_gemms_te_constants), not given to the sites.
+TE_CONSTANT_BUILDERS = (("transformer_engine.pytorch.tensor.nvfp4_tensor", "get_rht_matrix"),)
+
+
+def tex_functions() -> list[str]:
+    """The loaded tex module's functions (its kernels' entry points; not its classes, enums, or the stand-ins for what
+    the emulation lacks, which raise when called)."""
+    tex = sys.modules.get(TEX_MODULE)
+    kinds = (types.FunctionType, types.BuiltinFunctionType)
+    return [name for name, f in vars(tex).items() if isinstance(f, kinds)] if tex is not None else []
+
+
 class AtenGemmOutsideTex(GemmProbe):
-    """aten GEMMs (probes.flops.GemmProbe) that ran outside any tex GEMM call, with their sites' labels: the torch
-    Linears of a model mixing them with TE modules (LoRA adapters over TE bases). The tex emulation computes its
-    GEMMs with aten ops; those belong to the tex record, so they are left out here. Layers are every linear module
-    (torch's or TE's Linear) in module order, named by qualified name: the oracle's sites. Enter it after a
-    TexGemmProbe (its wrappers go on top of the recorder's and come off first)."""
+    """aten GEMMs (probes.flops.GemmProbe) that ran outside any tex call, with their sites' labels: the torch
+    Linears of a model mixing them with TE modules (LoRA adapters over TE bases). The tex emulation computes with
+    aten ops (its GEMMs, and a quantize's random Hadamard transform); on a GPU that is kernels' work, and its GEMMs
+    belong to the tex record, so every tex call's aten GEMMs are left out here. So are those of TE's process-wide
+    constants (TE_CONSTANT_BUILDERS), counted apart. Layers are every linear module (torch's or TE's Linear) in
+    module order, named by qualified name: the oracle's sites. Enter it after a TexGemmProbe (its wrappers go on top
+    of the recorder's and come off first)."""
 
     name = "aten_gemm_outside_tex"
 
@@ -140,8 +159,11 @@ class AtenGemmOutsideTex(GemmProbe):
         # of the site's input.
         super().__init__(follow_copies=True)
         self.labels: list[str] = []
-        self._depth = 0
+        self._depth = 0  # tex calls (or constant builders) in progress
+        self._constant_depth = 0  # TE_CONSTANT_BUILDERS calls in progress
+        self.constant_gemms = 0  # aten GEMMs run inside them
         self._saved: list[tuple[str, Any]] = []
+        self._saved_builders: list[tuple[Any, str, Any]] = []
 
     def bind(self, model: torch.nn.Module) -> None:
         from te_verify.oracle.sites import linear_weights
@@ -149,30 +171,43 @@ class AtenGemmOutsideTex(GemmProbe):
         named = linear_weights(model)
         self.labels, self._weights = [site.label for site in named], [site.weight for site in named]
 
-    def _wrap(self, original: Any) -> Any:
-        def inside_tex(*args: Any, **kwargs: Any):
+    def _wrap(self, original: Any, constant: bool = False) -> Any:
+        def inside(*args: Any, **kwargs: Any):
             self._depth += 1
+            self._constant_depth += int(constant)
             try:
                 return original(*args, **kwargs)
             finally:
                 self._depth -= 1
-        return inside_tex
+                self._constant_depth -= int(constant)
+        return inside
 
     def __enter__(self) -> "AtenGemmOutsideTex":
         super().__enter__()
-        patch_tex(self._saved, ((name, self._wrap) for name in ("generic_gemm", "te_general_grouped_gemm")))
+        self.constant_gemms = 0
+        patch_tex(self._saved, ((name, self._wrap) for name in tex_functions()))
+        for module_name, attr in TE_CONSTANT_BUILDERS:
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, attr):
+                self._saved_builders.append((module, attr, getattr(module, attr)))
+                setattr(module, attr, self._wrap(getattr(module, attr), constant=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
+        while self._saved_builders:
+            module, attr, original = self._saved_builders.pop()
+            setattr(module, attr, original)
         restore_tex(self._saved)
         super().__exit__(*exc)
 
     def _on_gemm(self, func: Any, operands: tuple, out: torch.Tensor, flops: int) -> None:
-        if not self._depth:
+        if self._constant_depth:
+            self.constant_gemms += 1
+        elif not self._depth:
             super()._on_gemm(func, operands, out, flops)
 
     def figures(self) -> dict[str, Any]:
-        return {"aten_gemm_count_outside_tex": len(self.events)}
+        return {"aten_gemm_count_outside_tex": len(self.events), "aten_gemms_te_constants": self.constant_gemms}
 
     def observations(self) -> dict[str, Any]:
         return {"aten_gemm_events": list(self.events), "aten_gemm_labels": list(self.labels)}
