@@ -84,22 +84,6 @@ def stage_specs(tier: str) -> list[CaseSpec]:
 PEFT_STAGES = ("embedding", "head", "norms")  # get_peft_model / mark_only_lora_as_trainable: only adapters train
 
 
-# thunder compiles a library's model in 4-14 s a case on this machine (transformers' Llama 9-14 s, LitGPT's 4-8 s):
-# in the pr tier it runs the first THUNDER_PR candidates of such a family (the library's own PEFT setup, adapters on q
-# and v with every other stage frozen), which keeps the pr tier within its three minutes; all of them run on it in
-# nightly.
-THUNDER_PR = 1
-
-
-def pr_skip_reason(case, specs_of) -> str | None:
-    """Why a chosen pr case (a te_verify.run.caserun.CaseRun) of a library-model family whose generator is `specs_of`
-    does not run on its backend in pr; None: it runs (every case of every other tier does)."""
-    if case.selection is None or case.backend_name != "thunder" or case.spec in specs_of("pr")[:THUNDER_PR]:
-        return None
-    return (f"thunder compiles {case.spec.model.kind}'s model in 4-14 s a case here: the pr tier runs its first "
-            f"{THUNDER_PR} candidate(s) on thunder, nightly runs every one")
-
-
 def real_model_spec(kind: str, lora: str | None, x_grad: bool = False, tokens: bool = True, **changes) -> CaseSpec:
     """A spec of a family built from a library's model (the family is named by its kind): adapters on
     LORA_TARGETS[lora] (none: full fine-tuning); token ids in and logits out, or hidden states both ways; the other
