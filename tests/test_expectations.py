@@ -61,38 +61,35 @@ def test_load_and_match(tmp_path):
     assert covering([narrow], "thunder_te", case, "", {"te_version": "3.0.0", "device": "cuda"}) == []
 
 
-def test_torch_version_scopes_an_entry_by_torch_s_public_version(tmp_path):
-    """TE's compiled torch.compile path needs torch >= 2.14: an entry about it holds from 2.14 on, a +cpu or +cu
-    local label aside, and never where the env names no torch."""
-    _write(tmp_path, "torch_compile_te.toml", f'''\
-        [[xfail]]
-        prefix = "lin4-"
-        checks = ["replay"]
-        reason = "TE's compiled op completes the replay"
-        link = "{LINK}"
-        torch_version = ">=2.14"
-        ''')
-    (entry,) = load_expectations(tmp_path)
-    for torch_version, holds in (("2.14.1+cu130", True), ("2.15.0.dev20260101", True), ("2.13.0+cpu", False),
-                                 (None, False)):
-        env = {**CPU, "torch_version": torch_version}
-        assert covering([entry], "torch_compile_te", "lin4-w8", "", env) == ([entry] if holds else []), torch_version
+# (what scopes the entry, its TOML line, the env key it reads, (env value, whether the entry holds) ...)
+SCOPES = {
+    # TE's compiled torch.compile path needs torch >= 2.14: from 2.14 on, a +cpu or +cu local label aside, never
+    # where the env names no torch.
+    "torch_version": ('torch_version = ">=2.14"', (("2.14.1+cu130", True), ("2.15.0.dev20260101", True),
+                                                   ("2.13.0+cpu", False), (None, False))),
+    # A columnwise copy only TN-only FP8 GEMMs (Ada, Hopper) read: a gap there, not on sm100.
+    "te_capability": ('te_capability = ["sm89", "sm90"]', (("sm90", True), ("sm89", True), ("sm100", False),
+                                                           (None, False))),
+}
 
 
-def test_te_capability_scopes_an_entry_to_the_capabilities_it_names(tmp_path):
-    """TE keeps no columnwise FP8 copy on Blackwell where Hopper's GEMMs need one: a gap of sm90 holds there only."""
+@pytest.mark.parametrize("key", sorted(SCOPES))
+def test_an_entry_holds_only_where_its_scope_does(tmp_path, key):
+    line, cases = SCOPES[key]
     _write(tmp_path, "te_eager.toml", f'''\
         [[xfail]]
         prefix = "lin4-"
         checks = ["fp8_copies"]
-        reason = "a columnwise copy Hopper's TN-only FP8 GEMM needs"
+        reason = "a scoped gap"
         link = "{LINK}"
-        te_capability = ["sm89", "sm90"]
+        {line}
         ''')
     (entry,) = load_expectations(tmp_path)
-    for capability, holds in (("sm90", True), ("sm89", True), ("sm100", False), (None, False)):
-        env = {**CPU, "te_capability": capability}
-        assert covering([entry], "te_eager", "lin4-w8", "", env) == ([entry] if holds else []), capability
+    for value, holds in cases:
+        env = {**CPU, key: value}
+        if key != "torch_version":
+            env["torch_version"] = "2.14.1"  # an entry without torch_version holds for any torch
+        assert covering([entry], "te_eager", "lin4-w8", "", env) == ([entry] if holds else []), value
 
 
 @pytest.mark.parametrize("text, line, words", [
