@@ -192,7 +192,8 @@ def _check_entry(path: Path, text: str, line: int, status: str, entry: Any) -> E
 
 
 def _check_names(path: Path, line: int, value: Any, key: str = "checks") -> None:
-    what = {"checks": "check names", "exclude": "case-id patterns", "te_capability": "capabilities"}.get(key, "element names (a parameter's qualified name)")
+    what = {"checks": "check names", "exclude": "case-id patterns", "te_capability": "capabilities"}.get(
+        key, "element names (a parameter's qualified name)")
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
         raise _fail(path, line, f"{key} must be a non-empty list of {what}, got {value!r}")
     if len(set(value)) != len(value):

@@ -64,10 +64,10 @@ CPU_STEP = ("megatron-fsdp-cpu-device: megatron-fsdp 0.6.1 on CPU; confined per 
             "a device-mismatch warning) and Stream (CPU program order); megatron_fsdp.param_and_grad_buffer "
             "current_stream, stream and empty_cache; megatron_fsdp.uneven_dtensor's boundary-check "
             "torch.tensor(...).cuda() stays a host tensor")
-SYNC_STEP = ("megatron-fsdp-cpu-synchronous-collectives: megatron-fsdp 0.6.1 on CPU; in megatron_fsdp.param_and_grad_buffer "
-             "every all-gather, reduce-scatter and all-reduce (coalesced or not) finishes before it returns: Megatron-FSDP "
-             "frees and reuses its buckets where a CUDA stream would order it after the collective, and gloo writes them "
-             "from its own thread (the heap of a rank was corrupted)")
+SYNC_STEP = ("megatron-fsdp-cpu-synchronous-collectives: megatron-fsdp 0.6.1 on CPU; in "
+             "megatron_fsdp.param_and_grad_buffer every all-gather, reduce-scatter and all-reduce (coalesced or not) "
+             "finishes before it returns: Megatron-FSDP frees and reuses its buckets where a CUDA stream would order "
+             "it after the collective, and gloo writes them from its own thread (the heap of a rank was corrupted)")
 ASYNC_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast")
 CONFIG_STEP = ("megatron-fsdp-own-config: megatron-fsdp 0.6.1's fully_shard builds its DistributedDataParallelConfig "
                "from its own megatron_fsdp.distributed_data_parallel_config, not the installed megatron-core's (0.16.1 "
@@ -302,6 +302,6 @@ def slack(bufs: list, world: int) -> int:
 
 
 ENGINE = Engine("megatron_fsdp", wrap, shards=lambda spec: strategy_of(spec) == "optim_grads_params",
-                reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params", cpu_steps=(CPU_STEP, SYNC_STEP),
-                steps=(CONFIG_STEP,),
+                reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params",
+                cpu_steps=(CPU_STEP, SYNC_STEP), steps=(CONFIG_STEP,),
                 package="megatron_fsdp", reductions=lambda spec: microbatches(spec) if reduces_each_microbatch(spec) else 1)
