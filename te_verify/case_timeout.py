@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 import pytest
 
@@ -101,16 +101,16 @@ def _stack(frame) -> traceback.StackSummary:
 
 class Watchdog:
     """One thread per process that runs cases: calls `on_timeout(item, seconds, message)` when the armed case runs
-    past its deadline (on_timeout ends the process)."""
+    past its deadline (on_timeout ends the process). The item is a pytest item, or a torchrun job's case spec."""
 
-    def __init__(self, on_timeout: Callable[[pytest.Item, float, str], None], backstop_file: IO[str]) -> None:
+    def __init__(self, on_timeout: Callable[[Any, float, str], None], backstop_file: IO[str]) -> None:
         self._on_timeout = on_timeout
         self._backstop_file = backstop_file  # where faulthandler's backstop dumps
         self._cond = threading.Condition()
-        self._case: tuple[pytest.Item, float, float, int] | None = None  # item, seconds, deadline, its thread
+        self._case: tuple[Any, float, float, int] | None = None  # item, seconds, deadline, its thread
         threading.Thread(target=self._watch, name="te_verify-case-timeout", daemon=True).start()
 
-    def arm(self, item: pytest.Item, seconds: float) -> None:
+    def arm(self, item: Any, seconds: float) -> None:
         faulthandler.dump_traceback_later(seconds + BACKSTOP_S, exit=True, file=self._backstop_file)
         with self._cond:
             self._case = (item, seconds, time.monotonic() + seconds, threading.get_ident())

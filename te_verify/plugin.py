@@ -172,7 +172,21 @@ def pytest_configure(config: pytest.Config) -> None:
     except (TierError, BackendError, ExpectationsError, ShardError, ResumeError, ReportLockError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if not hasattr(config, "workerinput"):
+        check_selection_expressions(config)
         tmpdirs.remove_stale()  # what killed runs left in /tmp (their rank pools) goes at the next run's start
+
+
+def check_selection_expressions(config: pytest.Config) -> None:
+    """-k and -m parsed before xdist starts workers: a bad one is pytest's one-line usage error there, but workers
+    that each refuse it leave xdist's controller with an INTERNALERROR traceback (pytest-xdist's dsession)."""
+    from _pytest.mark.expression import Expression
+
+    for flag, text in (("-k", config.option.keyword), ("-m", config.option.markexpr)):
+        try:
+            Expression.compile((text or "").lstrip())
+        except SyntaxError as exc:
+            raise pytest.UsageError(f"{flag} {text!r}: at column {exc.offset}: {exc.msg} (an expression of words "
+                                    "joined by and, or, not and parentheses)") from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

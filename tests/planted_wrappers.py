@@ -125,6 +125,33 @@ class PlantedSkippingDDP:
     wrap = staticmethod(ddp_skipping_first_weight)
 
 
+def ddp_hanging_on_rank_1(model, spec) -> Wrapped:
+    """DDP whose forward never returns on rank 1 (a rank stuck in a kernel or a dead peer): rank 0 then waits in the
+    next collective for as long as gloo lets it."""
+    import time
+
+    import torch.distributed as dist
+
+    wrapped = wrap_ddp(model, spec)
+    inner = wrapped.module
+
+    def forward(x):
+        while dist.get_rank() == 1:
+            time.sleep(1)
+        return inner(x)
+
+    return _with_forward(wrapped, forward)
+
+
+class PlantedHangingDDP:
+    """ddp_hanging_on_rank_1 declared as a user's wrapper (the torchrun entry's --wrap)."""
+
+    name = "planted_hanging_ddp"
+    shards = False
+    families = ("dist_ddp",)
+    wrap = staticmethod(ddp_hanging_on_rank_1)
+
+
 class UndeclaredSharding:
     """A declaration that leaves out whether it shards."""
 

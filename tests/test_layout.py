@@ -25,7 +25,7 @@ LAYERS = (
     ("expectations", ("expectations",)),
     ("report", ("report",)),
     ("entry points", ("environment", "plugin", "case_timeout", "run_report", "cli", "distributed.__main__",
-                      "__init__")),
+                      "distributed.torchrun_end", "__init__")),
 )
 
 

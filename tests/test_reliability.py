@@ -184,6 +184,7 @@ def test_a_stale_lock_is_taken_over_and_a_live_one_refused(tmp_path):
                                                "cannot be made without arguments"),
     (("--backend", "eager", "--expectations", "{bad}"), "eager.toml:5: checks: unknown check 'grad_parrity' (did "
                                                         "you mean 'grad_parity'?)"),
+    (("-n", "2", "-k", "overlap=True"), "-k 'overlap=True': at column 8: expected end of input; got ="),
 ])
 def test_bad_input_is_one_line(tmp_path, args, culprit):
     (tmp_path / "eager.toml").write_text('[[xfail]]\nprefix = "lin4-"\nreason = "r"\nlink = "https://x.org/1"\n'
@@ -192,7 +193,8 @@ def test_bad_input_is_one_line(tmp_path, args, culprit):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 4 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith("ERROR: ") and culprit in lines[0]
-    what = "prepare(model, spec)" if "CaseSpec" in culprit else "the checks that exist: compare_options, "
+    what = ("prepare(model, spec)" if "CaseSpec" in culprit else "words joined by and, or, not" if "-k" in args
+            else "the checks that exist: compare_options, ")
     assert what in lines[0]
 
 

@@ -141,3 +141,32 @@ def test_a_training_engine_with_te_runs_under_torchrun_and_the_header_lists_its_
     header = json.loads((tmp_path / "report" / "results.json").read_text())["header"]
     assert any(step.startswith("megatron-core-cpu-device") for step in header["compat"]), header["compat"]
     assert header["te_impl"]["name"] != "-"  # TE's Linear ran: the header says which implementation
+
+
+def test_a_hanging_case_ends_the_job_with_its_row_and_the_report_marked_incomplete(tmp_path):
+    """Rank 1 never returns from forward, rank 0 waits in a collective: both watchdogs fire at --case-timeout, rank 0
+    writes the case's row with its stack and the report naming the cases that never ran; the job exits 1 in time."""
+    began = time.monotonic()
+    proc, rows = run_one_node(tmp_path, "--wrap", "planted_wrappers:PlantedHangingDDP", "--case-timeout", "5",
+                              "--tier", "pr")  # several cases: the ones after the hung one never run
+    took = time.monotonic() - began
+    assert proc.returncode != 0 and took < 5 + 60, (took, proc.stderr[-3000:])
+    assert [r["outcome"] for r in rows] == ["failed"] and rows[0]["reason"].startswith("rank 0: timed out after 5 s")
+    assert "(running the case)" in rows[0]["reason"]  # the stack where rank 0 waited
+    header = json.loads((tmp_path / "report" / "results.json").read_text())["header"]
+    assert header["incomplete"]["ran"] == 1 and header["incomplete"]["selected"] > 1
+    assert "timeout (5 s)" in header["incomplete"]["why"] and "incomplete: 1 of" in proc.stderr
+
+
+def test_a_report_folder_in_use_is_refused_on_every_rank_in_one_line(tmp_path):
+    from te_verify.report.lock import acquire
+
+    held = acquire(tmp_path / "report", "the-other-run")
+    try:
+        proc, rows = run_one_node(tmp_path)
+    finally:
+        held.release()
+    assert proc.returncode != 0 and not rows  # every rank exits 2; torchrun itself exits 1
+    refusals = [line for line in proc.stderr.splitlines() if "is in use by run the-other-run" in line]
+    assert len(refusals) == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr.split("is in use")[0]  # (torchrun's own report of the exits follows)

@@ -1,5 +1,5 @@
 """torchrun entry: `torchrun --nproc-per-node N -m te_verify.distributed [--tier pr] [--report-dir DIR] [--device D]
-[--expectations DIR] [--wrap pkg.module:attr]`.
+[--expectations DIR] [--wrap pkg.module:attr] [--case-timeout SECONDS]`.
 
 Runs the same in-rank case runner inside the ranks torchrun made, on one node or several: each rank on GPU
 LOCAL_RANK of its node (nccl) or on the CPU (gloo). Rank 0 gathers every rank's outcome, applies the
@@ -7,7 +7,8 @@ distributed checks and the expectations (as the pytest plugin does: a known gap 
 otherwise or passing fails, a skip entry is not run) and alone writes the report (results.json rows,
 schema_version 1); a case that failed on some ranks names each of them with its error. Cases of another world
 size are rows skipped with the reason. Every rank exits 1 when a case failed unexpectedly (or passed where a gap
-is recorded), 2 on bad arguments, else 0.
+is recorded), 2 on bad arguments or a report folder in use by another live run, else 0. A case past its timeout
+ends the job (torchrun_end): its row says "timed out after N s", the report is marked incomplete, exit 1.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from te_verify import environment
 from te_verify.distributed.rank.case_runner import DistCase, run_dist_case
 from te_verify.distributed.declare import DeclarationError, DeclaredWrapper, declared_wrapper, load_object
 from te_verify.distributed.types import WrapperError
+from te_verify.distributed.torchrun_end import CaseTimeout, claim_report_dir
+from te_verify.case_timeout import DEFAULT_S
+from te_verify.report.lock import ReportLockError
 from te_verify.expectations.entries import ExpectationsError, covering, load_expectations, mark_reason, skip_entry
 from te_verify.expectations.judge import check_results, judge
 from te_verify.distributed.pool.pool import PoolResult, backend_for
@@ -50,6 +54,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--expectations", default=str(ROOT / "expectations"), help="known gaps (default: the suite's)")
     parser.add_argument("--wrap", default=None, help="package.module:attr of your wrapper's declaration: its "
                                                     "families' cases run under its name (README, 'Your own wrapper')")
+    parser.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
+                        help="seconds a case may run before the job ends with its row 'timed out' (default: the "
+                             "tier's distributed default; 0: none)")
     return parser.parse_args(argv)
 
 
@@ -142,38 +149,67 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         expectations, wrap = load_expectations(Path(args.expectations)), load_wrap(args.wrap)
+        if args.case_timeout is not None and args.case_timeout < 0:
+            raise ValueError(f"--case-timeout {args.case_timeout:g}: expected seconds >= 0 (0: none)")
         rank, world = start(args.device)
-    except (run_device.DeviceError, ExpectationsError, WrapperError) as exc:
+        lock = claim_report_dir(args.report_dir, rank, f"torchrun-{os.getpid()}")
+    except (run_device.DeviceError, ExpectationsError, WrapperError, ReportLockError, ValueError) as exc:
         print(f"te_verify.distributed: {exc}", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.timezone.utc).isoformat()
     places = [None] * world
     dist.all_gather_object(places, f"{socket.gethostname()}/{run_device.active()}")
-    env = {"te_version": None, "device": environment.device()}  # the distributed lane runs no TE
     specs = selected_specs(args, wrap)
     header = run_header(args, started, places, specs)
     stream = RowStream(Path(args.report_dir)) if rank == 0 and args.report_dir else None
     if stream is not None:  # rank 0 streams each row as it finishes: a killed job keeps them
         stream.write("header", header)
         stream.write("selection", {"nodeids": [_nodeid(spec) for spec in specs]})
+    timeout = CaseTimeout(rank, args.report_dir, stream, timed_out_row)
+    rows = run_cases(specs, expectations, rank, world, wrap, stream, timeout, case_seconds(args))
+    code = [exit_code(rows)]
+    if rank == 0:
+        write(args, rows, header)
+        if lock is not None:
+            lock.release()
+    dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
+    dist.barrier()  # no rank exits while a peer still talks to it
+    return code[0]
+
+
+def run_cases(specs: list, expectations: list, rank: int, world: int, wrap: DeclaredWrapper | None,
+              stream: RowStream | None, timeout: CaseTimeout, seconds: float | None) -> list[dict]:
+    """Every case in turn on every rank, each under the job's case timeout; rank 0's rows (the others' are empty)."""
+    env = {"te_version": None, "device": environment.device()}  # the expectations' scope: the lane runs no TE
     rows = []
     for spec in specs:
         entries = covering(expectations, spec.dist.wrapper, spec.id, _nodeid(spec), env, spec.family)
         skip = skip_entry(entries)
         if spec.dist.world_size != world or skip is not None:
             rows.append(skipped_row(spec, world, skip))
-        elif (case_row := gather_case(spec, rank, world, wrap, entries)) is not None:
-            rows.append(case_row)
         else:
-            continue
+            timeout.arm(spec, seconds)
+            try:
+                case_row = gather_case(spec, rank, world, wrap, entries)
+            finally:
+                timeout.disarm()
+            if case_row is None:
+                continue
+            rows.append(case_row)
         if stream is not None:
             stream.write("row", rows[-1])
-    code = [exit_code(rows)]
-    if rank == 0:
-        write(args, rows, header)
-    dist.broadcast_object_list(code, src=0)  # every rank exits as rank 0 judged, so torchrun reports it
-    dist.barrier()  # no rank exits while a peer still talks to it
-    return code[0]
+    return rows
+
+
+def case_seconds(args: argparse.Namespace) -> float | None:
+    """--case-timeout, or the tier's default for a distributed case (te_verify.case_timeout.DEFAULT_S); None: none."""
+    seconds = DEFAULT_S[args.tier]["dist"] if args.case_timeout is None else args.case_timeout
+    return seconds or None
+
+
+def timed_out_row(spec, seconds: float, message: str) -> dict:
+    """The row of a case that ran past its timeout: failed, with the stacks where rank 0 was."""
+    return _row(spec, "failed", message, seconds, {})
 
 
 def exit_code(rows: list[dict]) -> int:
