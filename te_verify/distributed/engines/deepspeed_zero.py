@@ -44,6 +44,7 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.distributed.types import Engine
+from te_verify.distributed.engines.gathered import zero3_gathered
 from te_verify.distributed.rank.training import microbatches, te_stack
 from te_verify.training import StateBytes, TrainStep, sgd
 from te_verify.distributed.types import (Wrapped, WrapperError, options, param_slots, param_tensors, units_of,
@@ -86,7 +87,7 @@ def cpu_step() -> None:
 class LateCollective:
     """A torch.distributed collective looked up by name at each call, as the case's collective counter expects. (The
     counter names what a collective carries by reading every parameter by its slot, past ZeRO-3's ZeROOrderedDict:
-    case_runner.registered.)"""
+    carried.registered.)"""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -115,21 +116,6 @@ def gathered_value(p: nn.Parameter) -> torch.Tensor:
     parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, p.ds_tensor.detach())
     return torch.cat(parts)[:p.ds_numel].view(p.ds_shape)
-
-
-def gathered_of(layers: list[nn.Module]):
-    """ZeRO-3's gathered-parameter probe: per layer, the bytes of full parameter storage it holds now. ZeRO-3 frees a
-    partitioned parameter by pointing `param.data` at an empty tensor (partition_parameters.free_param) and gathers
-    it by pointing `param.data` at the full tensor (its ds_status then AVAILABLE): the elements `param.data` holds
-    are what the rank keeps, whatever the status says. A persistent parameter (ds_persist: at most
-    stage3_param_persistence_threshold elements) is by configuration never partitioned -- held whole, as an
-    unsharded wrapper holds it, not gathered for compute -- and is not counted."""
-
-    def gathered() -> list[int]:
-        return [sum(p.data.numel() * p.data.element_size() for p in layer.parameters() if not p.ds_persist)
-                for layer in layers]
-
-    return gathered
 
 
 def config(stage: int, spec: CaseSpec, opts: dict) -> dict:
@@ -214,7 +200,7 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
 
     train = TrainStep(backward=backward, finish=lambda: None, step=engine.step, state=state)
     return Wrapped(engine, layers, lambda: param_tensors(slots, grad), full_params,
-                   gathered_of(layers) if stage == 3 else None, dist.get_world_size(), train=train)
+                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), train=train)
 
 
 def engine_of(stage: int) -> Engine:

@@ -52,6 +52,7 @@ from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.types import Engine
+from te_verify.distributed.engines.gathered import megatron_fsdp_gathered
 from te_verify.distributed.rank.training import load_te, microbatches
 from te_verify.training import StateBytes
 from te_verify.training import TrainStep, default_backward, sgd
@@ -246,40 +247,8 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
 
     train = TrainStep(backward=default_backward, finish=finish, step=step, state=state,
                       no_sync=fsdp.no_sync)
-    return Wrapped(fsdp, layers, full_grads, full_params, gathered_of(buffers, model, layers), world,
+    return Wrapped(fsdp, layers, full_grads, full_params, megatron_fsdp_gathered(buffers, model, layers), world,
                    keep=[mesh(world)], train=train)
-
-
-def gathered_of(buffers, model: nn.Module, layers: list[nn.Module]):
-    """Megatron-FSDP's gathered-parameter probe: per nn.Linear unit, the bytes of unsharded parameter bucket storage
-    it holds now. A unit's parameters live in parameter groups (ParamAndGradBuffer.param_to_param_group, keyed by the
-    raw parameters: the module holds distributed ones between steps, so they are matched by name); where a
-    group's weight buffer is sharded (optim_grads_params) its unsharded bucket is a temporary one its allocator holds
-    by bucket id, allocated for the all-gather and freed by resizing its storage to 0 (param_and_grad_buffer.py
-    _alloc_storage / _free_storage, AllGatherPipeline.release_bucket). The bucket's layout padding (its size less
-    its parameters' elements: slack's reading) is not counted: the checks compare with parameter bytes. A replicated
-    buffer (no_shard, optim, optim_grads) gathers into storage it keeps, and counts nothing."""
-    group_of = {buffers.param_to_name[p]: g for p, g in buffers.param_to_param_group.items()}
-    prefix = {id(m): name for name, m in model.named_modules()}
-    units = [sorted({group_of[f"{prefix[id(layer)]}.{attr}"] for attr, _ in layer.named_parameters()})
-             for layer in layers]
-
-    def gathered() -> list[int]:
-        return [sum(bucket_bytes(buf) for g in unit for buf in (buffers.parameter_groups[g].model_weight_buffer,
-                                                               buffers.parameter_groups[g].transpose_weight_buffer))
-                for unit in units]
-
-    return gathered
-
-
-def bucket_bytes(buf) -> int:
-    """Bytes of a sharded buffer's unsharded bucket storage now, less its layout padding."""
-    if buf is None or not buf.is_data_distributed:
-        return 0
-    bucket = buf.temporary_bucket_allocator.buckets.get(buf.bucket_index.bucket_id)
-    held = 0 if bucket is None else bucket.data.untyped_storage().nbytes()
-    padding = (buf.bucket_index.size - sum(p.numel() for p in buf.params)) * buf.dtype.itemsize
-    return max(0, held - padding)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

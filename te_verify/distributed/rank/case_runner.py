@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify.checks.collectives import Collective
-from te_verify.distributed.rank.carried import Attribution, ContentIndex
+from te_verify.distributed.rank.carried import Attribution, ContentIndex, held_tensors
 from te_verify.distributed.rank.training import microbatches
 from te_verify.training import StateBytes
 from te_verify.training import chunked, run_iteration
@@ -106,29 +106,6 @@ def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, li
     elif spec.freeze_timing != "before":
         freeze_slots(slots, spec)
     return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model)), slots
-
-
-def held_tensors(slots: list[Slot], model: nn.Module):
-    """(name, what, tensor) for what the wrapper holds now: each parameter by its pre-wrap name (a sharded
-    wrapper's shard or gathered copy), its .grad, and the model's buffers."""
-    for name, module, attr in slots:
-        param = registered(module, attr)
-        yield name, "values", param
-        yield name, "grad", param.grad
-    for name, b in model.named_buffers():
-        yield f"buffer:{name}", "values", b
-
-
-def registered(module: nn.Module, attr: str):
-    """`getattr(module, attr)` without calling the parameter dict's __getitem__ where the parameter is registered
-    there: ZeRO-3's ZeROOrderedDict gathers a partitioned parameter read during the engine's forward and registers it
-    as an external parameter of the running module, kept gathered until that module's backward ends -- the observer
-    would change what it observes. An attribute of the instance (FSDP1's use_orig_params views) is read as getattr
-    reads it."""
-    params = vars(module).get("_parameters")
-    if attr in vars(module) or params is None or attr not in params:
-        return getattr(module, attr)
-    return dict.get(params, attr)
 
 
 def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:
