@@ -32,6 +32,13 @@ def defer_reshard_fsdp2(model, spec) -> Wrapped:
     return wrapped
 
 
+def fsdp2_without_probe(model, spec) -> Wrapped:
+    """FSDP2 (it shards) that gives no gathered-parameter probe: its reshard timeline cannot be observed."""
+    wrapped = wrap_fsdp2(model, spec)
+    wrapped.gathered_bytes = None
+    return wrapped
+
+
 def ddp_skipping_first_weight(model, spec) -> Wrapped:
     """DDP that never all-reduces 0.weight's gradient."""
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -7,7 +7,8 @@ import pytest
 
 from te_verify import compat
 from te_verify.distributed.pool.pool import RankPool
-from te_verify.distributed.verify import verify_dist
+from te_verify.distributed.rank.case_runner import DistCase, run_dist_case
+from te_verify.distributed.verify import dist_verdicts, verify_dist
 from te_verify.matrix.dist import MIDDLE, _spec
 from te_verify.spec import ITERATIONS, TEConfig
 from planted_engines import (megatron_ddp_gathering_frozen_after_step, megatron_ddp_reducing_frozen_grads,
@@ -51,6 +52,24 @@ def test_clean_deepspeed_zero1_and_zero2_pass_every_check(pool, engine):
     verdicts = {v.check: v for v in verify_dist(spec, pool, {})}
     assert not _failed(verdicts), {k: verdicts[k].message for k in _failed(verdicts)}
     assert verdicts["engine_state"].figures["master_bytes"] == verdicts["engine_state"].figures["master_bytes_needed"]
+    assert verdicts["reshard_timing"].figures == {"reshard_compared": "nothing sharded: no gathers to time"}
+
+
+def test_zero3_probe_sees_each_layer_gathered_for_its_backward_and_freed_after(pool):
+    """The measured timeline of ZeRO-3 (threshold 0: every parameter partitioned): layer k's full parameters are held
+    at grad_done(k+1) (gathered for its backward) and not at grad_done(k); nothing is held at either end. No layer
+    stays gathered from forward: te_verify's own observers read no parameter through ZeRO-3's ZeROOrderedDict (which
+    would gather it as an external parameter of the root, held to the end of backward)."""
+    spec = _spec("dist_deepspeed", "deepspeed_zero3", MIDDLE, True, (("persistence_threshold", 0),))
+    result = pool.run(run_dist_case, DistCase(spec))
+    layer = 32 * 33 * 4
+    assert result.results[0].timeline == [
+        ("backward_start", 4, [0, 0, 0, 0]), ("grad_done", 4, [0, 0, 0, layer]), ("grad_done", 3, [0, 0, layer, 0]),
+        ("grad_done", 2, [0, layer, 0, 0]), ("grad_done", 1, [layer, 0, 0, 0]), ("grad_done", 0, [0, 0, 0, 0]),
+        ("backward_end", -1, [0, 0, 0, 0])]
+    verdicts = {v.check: v for v in dist_verdicts(spec, result)}
+    assert verdicts["reshard_timing"].ok and verdicts["reshard_timing"].figures["reshard_frozen_layers_checked"] == 1
+    assert verdicts["gathered_peak"].ok and verdicts["gathered_peak"].figures["peak_gathered_bytes_actual"] == layer
 
 
 def test_optimizer_state_for_frozen_parameters_fails_engine_state_naming_them_and_the_step(pool):

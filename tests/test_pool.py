@@ -15,7 +15,7 @@ from planted_wrappers import (ddp_all_reducing_frozen_copies, ddp_broadcasting_p
                               ddp_engine_decaying_frozen, ddp_engine_without_state, ddp_extra_gemm,
                               ddp_skipping_first_weight, ddp_wrong_output, ddp_writing_frozen_weight,
                               ddp_keeping_every_output, ddp_unfreezing_after_backward,
-                              ddp_writing_its_input, defer_reshard_fsdp2)
+                              ddp_writing_its_input, defer_reshard_fsdp2, fsdp2_without_probe)
 
 HANG_TIMEOUT_S = 3.0
 
@@ -103,6 +103,14 @@ def test_planted_deferred_reshard_is_caught(pool):
     assert verdicts["dist_grad_parity"].ok  # the fault costs memory, not correctness
     assert not verdicts["reshard_timing"].ok
     assert "frozen layer 1: still holds" in verdicts["reshard_timing"].message
+
+
+def test_sharding_wrapper_without_probe_is_not_observed_never_passed(pool):
+    spec = _spec("dist_fsdp2", "fsdp2", MIDDLE, True)
+    verdicts = {v.check: v for v in verify_dist(spec, pool, {}, wrap=fsdp2_without_probe)}
+    assert verdicts["dist_grad_parity"].ok
+    for check in ("reshard_timing", "gathered_peak"):
+        assert not verdicts[check].ok and f"{check} not observed" in verdicts[check].message, verdicts[check].message
 
 
 def _planted_ddp(pool, wrap) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_verify.checks.verdict import Verdict, waste_ratio
+from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 
 Event = tuple[str, int, list[int]]
 
@@ -35,12 +35,16 @@ def _first(events: list[Event], name: str, boundary: int) -> int | None:
     return next((i for i, (e, b, _) in enumerate(events) if e == name and b == boundary), None)
 
 
-def reshard_timing(case_id: str, backend: str, events: list[Event], layers: list[LayerInfo]) -> Verdict:
+def reshard_timing(case_id: str, backend: str, events: list[Event], layers: list[LayerInfo],
+                   shards: bool) -> Verdict:
     """Every frozen layer whose dgrad runs is resharded by its own grad_done event."""
     head = f"[{case_id}] backend {backend}"
+    if not shards:
+        return Verdict("reshard_timing", True, figures={"reshard_compared": "nothing sharded: no gathers to time"})
     if not events:
-        return Verdict("reshard_timing", True, figures={"reshard_observed": False})
-    late, checked = [], 0
+        return not_observed("reshard_timing", case_id, backend, "the wrapper shards parameters but gives no "
+                            "gathered_bytes probe (Wrapped.gathered_bytes), so no timeline", blocked_by=None)
+    late, checked, never = [], 0, 0
     for k, layer in enumerate(layers):
         if layer.trainable or not layer.input_needs_grad:
             continue
@@ -49,14 +53,17 @@ def reshard_timing(case_id: str, backend: str, events: list[Event], layers: list
             late.append(f"layer {k}: no grad_done event for its input although it needs a gradient")
             continue
         if not any(ev[2][k] for ev in events[:done + 1]):
-            continue  # never gathered in backward (e.g. an unsharded wrapper)
+            never += 1  # seen gathered at no event up to its grad_done (a persistent parameter: never sharded)
+            continue
         checked += 1
         held = events[done][2][k]
         if held:
             freed = next((f"{e}({b})" for e, b, g in events[done + 1:] if not g[k]), "never")
             late.append(f"frozen layer {k}: still holds {held} B of gathered parameters after its input gradient "
                         f"was done (grad_done({k})); resharded only at {freed}")
-    figures = {"reshard_observed": True, "reshard_frozen_layers_checked": checked, "reshard_late_layers": len(late)}
+    figures = {"reshard_compared": "frozen layers' gathered bytes at their grad_done", "reshard_events": len(events),
+               "reshard_frozen_layers_checked": checked, "reshard_frozen_layers_never_gathered": never,
+               "reshard_late_layers": len(late)}
     if late:
         return Verdict("reshard_timing", False, f"{head}: " + "; ".join(late), figures)
     return Verdict("reshard_timing", True, figures=figures)
@@ -74,14 +81,17 @@ def required_gathered_peak(layers: list[LayerInfo], reshard_after_forward: bool)
 
 
 def gathered_peak(case_id: str, backend: str, events: list[Event], layers: list[LayerInfo],
-                  reshard_after_forward: bool) -> Verdict:
+                  reshard_after_forward: bool, shards: bool) -> Verdict:
     """Peak gathered bytes during backward vs the required figure."""
-    if not events:  # a wrapper that does not shard gathers nothing (the timeline is read where it shards)
-        return Verdict("gathered_peak", True, figures={"gathered_peak_compared": "nothing: no gathered parameters"})
+    if not shards:
+        return Verdict("gathered_peak", True, figures={"gathered_peak_compared": "nothing sharded: no gathers"})
+    if not events:
+        return not_observed("gathered_peak", case_id, backend, "the wrapper shards parameters but gives no "
+                            "gathered_bytes probe (Wrapped.gathered_bytes), so no timeline", blocked_by=None)
     actual = max(sum(gathered) for _, _, gathered in events)
     required = required_gathered_peak(layers, reshard_after_forward) if actual else 0
-    figures = {"gathered_peak_compared": "the largest gathered bytes", "peak_gathered_bytes_actual": actual,
-               "peak_gathered_bytes_required": required,
+    figures = {"gathered_peak_compared": "the largest gathered bytes", "gathered_peak_events": len(events),
+               "peak_gathered_bytes_actual": actual, "peak_gathered_bytes_required": required,
                "peak_gathered_bytes_ratio": waste_ratio(actual, required)}
     if actual > required:
         at = max(events, key=lambda ev: sum(ev[2]))

@@ -229,10 +229,11 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     regathers = reshards_after_forward(spec)
     layout = (outcome.engine_state or {}).get("grad_buffer")
     verdicts.append(volume_per_iteration(spec, outcome.collectives, params, layout))
+    sharded = shards(spec)
     verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
-                                       params, layers, shards(spec), regathers, spec.dist.world_size))
-    verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers))
-    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers))
+                                       params, layers, sharded, regathers, spec.dist.world_size))
+    verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
+    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
     if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts

@@ -1,4 +1,5 @@
-"""Training engines under test: each file declares one `Engine` (distributed.types: its wrap, whether it shards, its CPU step), and
+"""Training engines under test: each engine's file declares one `Engine` (distributed.types: its wrap, whether it shards, its CPU
+step; gathered.py holds their gathered-parameter probes), and
 ENGINES lists them. An engine trains (distributed.rank.training): the lane runs its optimizer step and judges the
 parameters after every step and the state it keeps. Nothing heavy is imported here: an engine's package is
 imported inside its wrap, in the rank."""

@@ -4,7 +4,10 @@ Options (spec.dist.options): microbatches (gradient accumulation: gradient_accum
 train_micro_batch_size_per_gpu = a rank's rows per microbatch), and for stage 3 persistence_threshold
 (stage3_param_persistence_threshold: a parameter of at most that many elements stays gathered
 between steps; 0: none does; absent: DeepSpeed's default, 100,000). Stage 3 prefetches nothing
-(stage3_prefetch_bucket_size 0), so what each module gathers shows in the phase that needs it.
+(stage3_prefetch_bucket_size 0), so what each module gathers shows in the phase that needs it, and keeps nothing
+gathered for reuse (stage3_max_reuse_distance 0: DeepSpeed's default, 10^9 elements, keeps a parameter gathered from
+forward to backward once its trace is recorded -- from the second microbatch on, the whole of these small models --
+so it would reshard after forward in the first microbatch only).
 
 The optimizer is torch SGD (training.sgd) over the trainable parameters, handed to `deepspeed.initialize`, which
 wraps it in its ZeRO optimizer (zero_allow_untested_optimizer). DeepSpeed reuses the rank's torch.distributed
@@ -41,6 +44,7 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.distributed.types import Engine
+from te_verify.distributed.engines.gathered import zero3_gathered
 from te_verify.distributed.rank.training import microbatches, te_stack
 from te_verify.training import StateBytes, TrainStep, sgd
 from te_verify.distributed.types import (Wrapped, WrapperError, options, param_slots, param_tensors, units_of,
@@ -81,45 +85,28 @@ def cpu_step() -> None:
 
 
 class LateCollective:
-    """A torch.distributed collective looked up by name at each call, as the case's collective counter expects.
-
-    While it runs, ZeRO-3's discovery of external parameters is off for the case's modules: DeepSpeed marks every
-    module's parameter dict `_in_forward` for the whole engine forward, and reading a partitioned parameter through
-    it then all-gathers that parameter (ZeROOrderedDict.__getitem__), so the counter naming what the collective
-    carries (it reads every parameter by its slot) would gather parameters, each gather counted in turn. Nothing of
-    DeepSpeed's reads parameters through those dicts inside the collective call itself."""
+    """A torch.distributed collective looked up by name at each call, as the case's collective counter expects. (The
+    counter names what a collective carries by reading every parameter by its slot, past ZeRO-3's ZeROOrderedDict:
+    carried.registered.)"""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        # The parameter dicts of the case's engine modules (ZeRO-3's ZeROOrderedDicts; none below stage 3).
-        self.dicts: list = []
 
     def __call__(self, *args, **kwargs):
-        marked = [d for d in self.dicts if getattr(d, "_in_forward", False)]
-        for d in marked:
-            d._in_forward = False
-        try:
-            return getattr(dist, self.name)(*args, **kwargs)
-        finally:
-            for d in marked:
-                d._in_forward = True
+        return getattr(dist, self.name)(*args, **kwargs)
 
 
-def late_collectives(module: nn.Module) -> None:
+def late_collectives() -> None:
     """DeepSpeed's TorchBackend keeps torch.distributed.all_gather_into_tensor and reduce_scatter_tensor as
     attributes of its instance (comm/torch.py, all_gather_function / reduce_scatter_function), bound when it is
     made: every ZeRO parameter all-gather and stage-3 gradient reduce-scatter goes through them, past the
     counter that patches torch.distributed for a case. Here they look the same functions up at each call."""
     from deepspeed.comm import comm
-    from deepspeed.runtime.zero.parameter_offload import ZeROOrderedDict
 
     for attr in ("all_gather_function", "reduce_scatter_function"):
         bound = getattr(comm.cdb, attr)
         if bound is not None and not isinstance(bound, LateCollective):
             setattr(comm.cdb, attr, LateCollective(bound.__name__))
-        late = getattr(comm.cdb, attr)
-        if isinstance(late, LateCollective):
-            late.dicts = [m._parameters for m in module.modules() if isinstance(m._parameters, ZeROOrderedDict)]
 
 
 def gathered_value(p: nn.Parameter) -> torch.Tensor:
@@ -140,7 +127,7 @@ def config(stage: int, spec: CaseSpec, opts: dict) -> dict:
         raise WrapperError(f"microbatches={chunks}: a rank's {rows} rows do not split evenly")
     zero = {"stage": stage}
     if stage == 3:
-        zero["stage3_prefetch_bucket_size"] = 0
+        zero["stage3_prefetch_bucket_size"] = zero["stage3_max_reuse_distance"] = 0
         if "persistence_threshold" in opts:
             zero["stage3_param_persistence_threshold"] = int(opts["persistence_threshold"])
     return {"train_batch_size": rows * world, "train_micro_batch_size_per_gpu": rows // chunks,
@@ -162,13 +149,14 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
     import deepspeed
     from deepspeed.utils import safe_get_full_grad
 
-    slots, layers = param_slots(model), units_of(model, spec)
+    slots = param_slots(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     in_optimizer = {id(p) for p in trainable}
     chunks = microbatches(spec)
     inner = te_stack(model, spec) if spec.te is not None else model  # TE's Linear holding the same Parameters
+    layers = list(inner) if spec.te is not None else units_of(model, spec)  # the modules the engine runs
     engine, *_ = deepspeed.initialize(model=inner, optimizer=sgd(trainable), config=config(stage, spec, opts))
-    late_collectives(inner)
+    late_collectives()
     zero = engine.optimizer  # DeepSpeed's ZeRO optimizer; the torch SGD it steps is zero.optimizer
     seen = [0]  # microbatches backpropagated in this iteration
 
@@ -211,8 +199,8 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
                 "grad_buffer": StateBytes(grads, True, slack=slack)}
 
     train = TrainStep(backward=backward, finish=lambda: None, step=engine.step, state=state)
-    return Wrapped(engine, layers, lambda: param_tensors(slots, grad), full_params, None, dist.get_world_size(),
-                   train=train)
+    return Wrapped(engine, layers, lambda: param_tensors(slots, grad), full_params,
+                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), train=train)
 
 
 def engine_of(stage: int) -> Engine:

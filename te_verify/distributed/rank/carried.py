@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
+from torch import nn
 
 from te_verify.checks.collectives import Carried
+from te_verify.distributed.types import Slot
 
 HASH_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # the 64-bit golden-ratio constant, as a signed int64
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -152,3 +154,26 @@ def collective_tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, (list, tuple)):
         return [t for item in obj for t in collective_tensors(item)]
     return []
+
+
+def held_tensors(slots: list[Slot], model: nn.Module):
+    """(name, what, tensor) for what the wrapper holds now: each parameter by its pre-wrap name (a sharded
+    wrapper's shard or gathered copy), its .grad, and the model's buffers."""
+    for name, module, attr in slots:
+        param = registered(module, attr)
+        yield name, "values", param
+        yield name, "grad", param.grad
+    for name, b in model.named_buffers():
+        yield f"buffer:{name}", "values", b
+
+
+def registered(module: nn.Module, attr: str):
+    """`getattr(module, attr)` without calling the parameter dict's __getitem__ where the parameter is registered
+    there: ZeRO-3's ZeROOrderedDict gathers a partitioned parameter read during the engine's forward and registers it
+    as an external parameter of the running module, kept gathered until that module's backward ends -- the observer
+    would change what it observes. An attribute of the instance (FSDP1's use_orig_params views) is read as getattr
+    reads it."""
+    params = vars(module).get("_parameters")
+    if attr in vars(module) or params is None or attr not in params:
+        return getattr(module, attr)
+    return dict.get(params, attr)

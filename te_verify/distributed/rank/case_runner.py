@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify.checks.collectives import Collective
-from te_verify.distributed.rank.carried import Attribution, ContentIndex
+from te_verify.distributed.rank.carried import Attribution, ContentIndex, held_tensors
 from te_verify.distributed.rank.training import microbatches
 from te_verify.training import StateBytes
 from te_verify.training import chunked, run_iteration
@@ -106,17 +106,6 @@ def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, li
     elif spec.freeze_timing != "before":
         freeze_slots(slots, spec)
     return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model)), slots
-
-
-def held_tensors(slots: list[Slot], model: nn.Module):
-    """(name, what, tensor) for what the wrapper holds now: each parameter by its pre-wrap name (a sharded
-    wrapper's shard or gathered copy), its .grad, and the model's buffers."""
-    for name, module, attr in slots:
-        param = getattr(module, attr)
-        yield name, "values", param
-        yield name, "grad", param.grad
-    for name, b in model.named_buffers():
-        yield f"buffer:{name}", "values", b
 
 
 def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:

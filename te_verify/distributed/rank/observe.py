@@ -163,13 +163,20 @@ def capture_boundaries(layers: list[torch.nn.Module], x: torch.Tensor) -> tuple[
 def keep_boundaries(layers: list[torch.nn.Module], boundaries: dict[int, torch.Tensor],
                     with_input: bool = True) -> list:
     """Hooks that put each layer's output in `boundaries` (boundary k+1) on every forward, and the first layer's
-    input (boundary 0) where `with_input`: an engine's microbatches are inputs the case does not hold."""
+    input (boundary 0) where `with_input`: an engine's microbatches are inputs the case does not hold.
+
+    Both run before the wrapper's own hooks on the layer (prepend): a wrapper whose hooks replace a layer's output or
+    input with an autograd Function of its own (ZeRO-3's pre- and post-backward functions, Megatron-FSDP's views)
+    runs that Function's backward -- gathering layer k, releasing layer k+1 -- before the gradient reaches the
+    tensor kept here, so at "grad_done" the wrapper has done what it does at that boundary, as FSDP's tensor hooks
+    have (the boundary's hooks are registered after forward, after the wrapper's)."""
     handles = []
     if with_input and layers:
-        handles.append(layers[0].register_forward_pre_hook(lambda module, args: boundaries.__setitem__(0, args[0])))
+        handles.append(layers[0].register_forward_pre_hook(lambda module, args: boundaries.__setitem__(0, args[0]),
+                                                           prepend=True))
     for i, layer in enumerate(layers):
         def keep(module, args, output, i=i):
             boundaries[i + 1] = output
 
-        handles.append(layer.register_forward_hook(keep))
+        handles.append(layer.register_forward_hook(keep, prepend=True))
     return handles
