@@ -67,8 +67,9 @@ class TEConfig:
     """How the TE lane runs a case (ignored by backends that do not use TE modules)."""
 
     # FP8 recipe: None (no FP8, high-precision GEMMs), "delayed" (DelayedScaling, amax history), "current"
-    # (Float8CurrentScaling), "mxfp8" (MXFP8BlockScaling), "block" (Float8BlockScaling), "nvfp4" (NVFP4BlockScaling),
-    # "nvfp4_rn" (NVFP4BlockScaling without stochastic rounding) or "custom" (CustomRecipe over `qfactory`).
+    # (Float8CurrentScaling), "mxfp8" (MXFP8BlockScaling), "block" (Float8BlockScaling), "nvfp4" (NVFP4BlockScaling,
+    # TE's default: gradients rounded stochastically), "nvfp4_rn" (NVFP4BlockScaling without stochastic rounding) or
+    # "custom" (CustomRecipe over `qfactory`).
     recipe: str | None = None
     # Which TE construct serves the layers: the Linear module, the GroupedLinear op or the fused grouped MLP.
     module: str = "linear"

@@ -71,15 +71,16 @@ def test_strategy_shrinks_to_the_smallest_failing_spec():
 
 @pytest.mark.parametrize("tier, per_recipe", [("pr", 1), ("nightly", 5)])
 def test_te_lora_runs_each_block_recipe_on_what_it_needs(tier, per_recipe):
-    """te_lora's block-scaled cases (issue 26): one per recipe in pr, in nightly also other targets and each library
-    model kind; each on the tokens and dtype its recipe needs (BLOCK_NEEDS; MXFP8's 32-blocks also divide the
-    model's widths), the custom recipe over its factory."""
+    """te_lora's block-scaled cases (issue 26): one per recipe in pr (stochastic rounding's in nightly only), in
+    nightly also other targets and each library model kind; each on the tokens and dtype its recipe needs
+    (BLOCK_NEEDS; MXFP8's 32-blocks also divide the model's widths), the custom recipe over its factory."""
     from collections import Counter
 
-    from te_verify.matrix.te import BLOCK_NEEDS, BLOCK_RECIPES, te_lora_specs
+    from te_verify.matrix.te import BLOCK_NEEDS, BLOCK_RECIPES, NIGHTLY_ONLY, te_lora_specs
 
     block = [s for s in te_lora_specs(tier) if s.te.recipe in BLOCK_RECIPES]
-    assert Counter(s.te.recipe for s in block) == {r: per_recipe for r in BLOCK_RECIPES}
+    drawn = BLOCK_RECIPES if tier == "nightly" else tuple(r for r in BLOCK_RECIPES if r not in NIGHTLY_ONLY)
+    assert Counter(s.te.recipe for s in block) == {r: per_recipe for r in drawn}
     for s in block:
         needs, rows = BLOCK_NEEDS[s.te.recipe], s.batch_shape[0] * s.batch_shape[1]
         assert rows % needs.get("batch_shape", (1,))[0] == 0 and s.dtype == needs.get("dtype", "fp32"), s.id
@@ -89,6 +90,20 @@ def test_te_lora_runs_each_block_recipe_on_what_it_needs(tier, per_recipe):
     if tier == "nightly":
         assert {(s.te.recipe, s.model.kind) for s in block} == {(r, k) for r in BLOCK_RECIPES
                                                                 for k in ("llama", "hf_peft", "litgpt_lora")}
+
+
+@pytest.mark.parametrize("tier", ["pr", "nightly"])
+def test_default_nvfp4_recipe_is_drawn_in_pr_by_te_fp8_and_in_nightly_by_every_block_family(tier):
+    """TE's default NVFP4BlockScaling (stochastic rounding of gradients, spec recipe "nvfp4"), a pairwise recipe
+    factor: te_fp8's pr tier draws it once (the pr tier's time budget); nightly every family with block recipes."""
+    from te_verify.matrix.te import FAMILIES
+
+    drawn = {f: sum(s.te.recipe == "nvfp4" for s in fn(tier)) for f, fn in FAMILIES.items()}
+    if tier == "pr":
+        assert drawn == {f: int(f == "te_fp8") for f in FAMILIES}
+    else:
+        assert all(drawn[f] for f in FAMILIES if f != "te_contract"), drawn
+    assert all(s.dtype == "bf16" for fn in FAMILIES.values() for s in fn(tier) if s.te.recipe == "nvfp4")
 
 
 def test_thunder_te_names_why_te_verify_cannot_judge_nvfp4_over_a_bf16_model():

@@ -35,6 +35,7 @@ CHECKS: tuple[str, ...] = (
     "gradient_volume",  # checks/collectives.py
     "inputs_left",  # checks/leftovers.py
     "memory_retained",  # checks/leftovers.py
+    "nvfp4_stochastic_rounding",  # checks/nvfp4_sr.py
     "output_meta",  # checks/leftovers.py
     "output_parity",  # checks/state.py
     "params_after_steps",  # checks/training.py

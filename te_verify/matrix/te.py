@@ -34,13 +34,17 @@ def bitfit(family: str, widths: tuple[int, ...], recipes: tuple, x_grads: tuple 
 
 
 # The block-scaled recipes (issue 26) and what each needs of a case: MXFP8 blocks of 32 along the rows too (32 rows),
-# NVFP4's random Hadamard transform a bf16 input (TE: "RHT is only supported for bfloat16 input"). "nvfp4_rn" is
-# NVFP4BlockScaling without stochastic rounding (the same-quantization reference cannot draw TE's random bits);
-# "custom" is CustomRecipe over TE's high_precision_fwd_mxfp8_bwd_factory (MXFP8 GEMMs). MXFP8, NVFP4 and the
-# custom factory need emulated sm100 (--te-capability sm100; they skip with TE's reason below it).
-BLOCK_RECIPES = ("block", "mxfp8", "nvfp4_rn", "custom")
+# NVFP4's random Hadamard transform a bf16 input (TE: "RHT is only supported for bfloat16 input"). "nvfp4" is TE's
+# default NVFP4BlockScaling, gradients rounded stochastically (judged by stochastic rounding's contract,
+# checks.nvfp4_sr, against the reference replaying the run's rounding choices); "nvfp4_rn" is NVFP4BlockScaling
+# without stochastic rounding; "custom" is CustomRecipe over TE's high_precision_fwd_mxfp8_bwd_factory (MXFP8 GEMMs).
+# MXFP8, NVFP4 and the custom factory need emulated sm100 (--te-capability sm100; they skip with TE's reason below it).
+BLOCK_RECIPES = ("block", "mxfp8", "nvfp4_rn", "custom", "nvfp4")
 BLOCK_NEEDS = {"block": {}, "mxfp8": {"batch_shape": (32,)}, "nvfp4_rn": {"dtype": "bf16"},
-               "custom": {"batch_shape": (32,)}}
+               "custom": {"batch_shape": (32,)}, "nvfp4": {"dtype": "bf16"}}
+# Recipes whose pr case only families passing `pr_all` draw (the pr tier's time budget; every family in nightly):
+# stochastic rounding's pr case is te_fp8's.
+NIGHTLY_ONLY = ("nvfp4",)
 
 
 def block_te(recipe: str, **te) -> TEConfig:
@@ -60,12 +64,12 @@ def block_spec(family: str, recipe: str, widths: tuple[int, ...], weight_frozen,
 
 
 def block_specs(tier: str, pr: Callable[[str], CaseSpec], nightly: Callable[[str], list[CaseSpec]],
-                recipes: tuple[str, ...] = BLOCK_RECIPES) -> list[CaseSpec]:
-    """A family's block-scaled cases: recipe is a pairwise factor, so the pr tier holds one case per recipe (`pr`),
-    the nightly tier also `nightly`'s (smoke: none)."""
+                recipes: tuple[str, ...] = BLOCK_RECIPES, pr_all: bool = False) -> list[CaseSpec]:
+    """A family's block-scaled cases: recipe is a pairwise factor, so the pr tier holds one case per recipe (`pr`;
+    NIGHTLY_ONLY's only with `pr_all`), the nightly tier every recipe's and `nightly`'s (smoke: none)."""
     if tier == "smoke":
         return []
-    specs = [pr(r) for r in recipes]
+    specs = [pr(r) for r in recipes if tier == "nightly" or pr_all or r not in NIGHTLY_ONLY]
     return specs + [s for r in recipes for s in nightly(r)] if tier == "nightly" else specs
 
 
@@ -97,7 +101,8 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
                          lambda r: [block_spec("te_fp8", r, w, masks[p], masks[p], x)
                                     for w in (NON_SQUARE4, SQUARE4) for p in ("prefix", "suffix", "none")
                                     for x in (False, True)]
-                         + [block_spec("te_fp8", r, NON_SQUARE4, masks["all"], BIAS_TRAINED, x) for x in (False, True)])
+                         + [block_spec("te_fp8", r, NON_SQUARE4, masks["all"], BIAS_TRAINED, x) for x in (False, True)],
+                         pr_all=True)
     return dedupe(specs)
 
 
@@ -194,7 +199,7 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
                                                     named_masks(4)["alternating"], False, te=dw(2)),
                          lambda r: [block_spec("te_delayed", r, widths(r), named_masks(4)[p], named_masks(4)[p],
                                                p == "all", te=dw(mb)) for p in ("prefix", "none", "all")
-                                    for mb in (1, 3)], recipes=BLOCK_RECIPES[:3])
+                                    for mb in (1, 3)], recipes=(*BLOCK_RECIPES[:3], "nvfp4"))
     # Tied weights (TE issue 3437): layers 1 and 2 share one weight, each use queues its own wgrad.
     tied_mbs = (1,) if tier == "smoke" else (1, 2)
     specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),

@@ -32,10 +32,11 @@ Why a dispatch mode and what it sees:
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -539,3 +540,15 @@ def unsubscribe(probe: object) -> None:
 def set_phase(name: str) -> None:
     if _ACTIVE:
         _ACTIVE[-1].set_phase(name)
+
+
+@contextlib.contextmanager
+def idle() -> Iterator[None]:
+    """The "idle" phase for a probe's own copies made inside the run (a tex wrapper's), then the phase it was in."""
+    before = _ACTIVE[-1].phase if _ACTIVE else None
+    set_phase("idle")
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_phase(before)

@@ -18,6 +18,7 @@ from te_verify.checks.ending import ending
 from te_verify.checks.fp8_scaling import fp8_scaling
 from te_verify.checks.fp8_tolerance import fp8_bound
 from te_verify.checks.leftovers import leftover_verdicts
+from te_verify.checks.nvfp4_sr import nvfp4_stochastic_rounding, rounding_choices
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
@@ -31,9 +32,11 @@ from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, tr
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
 from te_verify.probes.fp8_scaling import scaling_observer
+from te_verify.probes.nvfp4_sr import stochastic_rounding_observer
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
-from te_verify.te.reference import functional, gemm_log
+from te_verify.te.reference import block_recipe, functional, gemm_log
+from te_verify.te.reference.sr_replay import RoundingReplay
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.te.tecpu.strict import Unemulated
 
@@ -48,11 +51,27 @@ def error_figures(record: Record) -> dict:
 
 REFERENCE_KINDS = {"ops_linear": "linear", "ops_grouped_linear": "grouped_linear"}
 QUANTIZED_REFERENCE = "te_verify.te.reference on the same FP8 operands"
+# Recipes that round gradients stochastically -> the same recipe rounding them to nearest.
+STOCHASTIC_RECIPES = {"nvfp4": "nvfp4_rn"}
 
 
-def reference_spec(spec: CaseSpec) -> CaseSpec:
-    """`spec` on the reference's module kind with the same numerics."""
-    return spec.replace(te=dataclasses.replace(spec.te, module=REFERENCE_KINDS.get(spec.te.module, spec.te.module)))
+def reference_spec(spec: CaseSpec, replay: RoundingReplay | None = None) -> CaseSpec:
+    """`spec` on the reference's module kind with the same numerics; a stochastically rounding recipe without a
+    `replay` of a run's choices rounds to nearest instead (the reference a run follows before there is a run)."""
+    recipe = spec.te.recipe if replay is not None else STOCHASTIC_RECIPES.get(spec.te.recipe, spec.te.recipe)
+    return spec.replace(te=dataclasses.replace(spec.te, recipe=recipe,
+                                               module=REFERENCE_KINDS.get(spec.te.module, spec.te.module)))
+
+
+def replaying(replay: RoundingReplay | None):
+    """Inside, the reference rounds stochastic copies as `replay` says (nothing without one)."""
+    return block_recipe.replaying(replay) if replay is not None else contextlib.nullcontext()
+
+
+def run_replay(spec: CaseSpec, got: Record) -> RoundingReplay | None:
+    """For a stochastically rounding recipe, the run's choices for the reference to round by
+    (te.reference.sr_replay)."""
+    return RoundingReplay(rounding_choices(got)) if spec.te.recipe in STOCHASTIC_RECIPES else None
 
 
 def runs_te_ops(spec: CaseSpec, backend: object) -> bool:
@@ -71,18 +90,20 @@ def _reference_numerics(spec: CaseSpec, backend: object) -> Iterator[None]:
 
 
 def output_reference(spec: CaseSpec, runner: Callable = run_mean_reduced, backend: object = None,
-                     extra_sites: tuple[str, ...] = (), follow: Record | None = None) -> Record:
+                     extra_sites: tuple[str, ...] = (), follow: Record | None = None,
+                     replay: RoundingReplay | None = None) -> Record:
     """What forward outputs are held to: fp32 eager, or for FP8 cases eager on FP8-rounded operands, as TE's own
     tests build their references (FP8's elementwise error scales with a dot product's terms, not its result). The
     quantized-operand forward is te_verify.te.reference's (same saturating cast, TE's scale rules, delayed scaling's
     history), on the module kind with the same numerics as `backend`'s; its backward quantizes the same operands as
     TE's (the gradient E4M3 or E5M2 per the recipe, with the saved FP8 input and weight copies). `extra_sites`:
     linears quantized besides the case's TE sites (beyond_reference); `follow`: the record whose parameters each
-    later iteration starts from (runner.Trainer)."""
+    later iteration starts from (runner.Trainer); `replay`: a run's stochastic rounding, which the reference rounds
+    by (without it such a recipe's gradients round to nearest: the record a run follows)."""
     if spec.te is None or spec.te.recipe is None:
         return runner(spec, EagerBackend())
-    with _reference_numerics(spec, backend):
-        record = runner(reference_spec(spec), TEEagerBackend(extra_sites), follow=follow)
+    with _reference_numerics(spec, backend), replaying(replay):
+        record = runner(reference_spec(spec, replay), TEEagerBackend(extra_sites), follow=follow)
     record.backend = QUANTIZED_REFERENCE
     return record
 
@@ -110,12 +131,13 @@ def high_precision_bound(spec: CaseSpec, eager: Record) -> TruthBound:
 
 
 def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced,
-                    follow: Record | None = None, extra_sites: tuple[str, ...] = ()) -> Record:
+                    follow: Record | None = None, extra_sites: tuple[str, ...] = (),
+                    replay: RoundingReplay | None = None) -> Record:
     """output_reference's FP8 run in exact arithmetic: model, input, cotangent and every GEMM in fp64, the operands
     quantized at the same places (the TE sites and `extra_sites`) by the same rules. FP8 gradients are bounded by
     their distance from it (checks.fp8_tolerance): accumulation noise, not quantization noise."""
-    with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64):
-        return runner(reference_spec(spec), _Fp64TEBackend(extra_sites), dtype=torch.float64, follow=follow)
+    with _reference_numerics(spec, backend), gemm_log.accumulating(torch.float64), replaying(replay):
+        return runner(reference_spec(spec, replay), _Fp64TEBackend(extra_sites), dtype=torch.float64, follow=follow)
 
 
 def beyond_reference(spec: CaseSpec, got: Record) -> list[str]:
@@ -135,7 +157,9 @@ def fp8_judged_against(case: CaseRun, got: Record, quantized: Record,
     quantization tolerance. That is `quantized` (output_reference's record for the case's backend, which the run
     followed), or where the run quantized linears beyond the case's TE sites (beyond_reference), the reference with
     those quantized too, following `quantized` as the run did: delayed scaling clips values from the second
-    iteration on, so no reference running them in high precision can judge it."""
+    iteration on, so no reference running them in high precision can judge it. A recipe rounding gradients
+    stochastically: both rerun, rounding as the run did (te.reference.sr_replay; the choices held to stochastic
+    rounding's contract by checks.nvfp4_sr), following `quantized` (which rounded them to nearest)."""
     spec = case.spec
     tol = tolerance_for(spec, case.backend_name)
     beyond = tuple(beyond_reference(spec, got))
@@ -143,8 +167,13 @@ def fp8_judged_against(case: CaseRun, got: Record, quantized: Record,
     if beyond:
         case.figures["fp8_grad_reference"] = (f"the same-quantization reference with {list(beyond)} quantized too: "
                                               f"the run quantized them beyond the case's TE sites")
-        ref = output_reference(spec, runner, case.backend, beyond, follow=quantized)
-    truth = quantized_truth(spec, case.backend, runner, follow=quantized, extra_sites=beyond)
+    if spec.te.recipe in STOCHASTIC_RECIPES:
+        case.figures["fp8_grad_reference_rounding"] = ("the run's stochastic rounding choices replayed "
+                                                       "(te.reference.sr_replay)")
+    if beyond or spec.te.recipe in STOCHASTIC_RECIPES:
+        ref = output_reference(spec, runner, case.backend, beyond, follow=quantized, replay=run_replay(spec, got))
+    truth = quantized_truth(spec, case.backend, runner, follow=quantized, extra_sites=beyond,
+                            replay=run_replay(spec, got))
     return ref, tol, fp8_bound(spec, truth)
 
 
@@ -167,17 +196,21 @@ def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, runner: Ca
 
 
 def te_probes(case: CaseRun) -> list:
-    """The TE lane's probes; for an FP8 case over TE's Python also the scaling observer of every iteration."""
+    """The TE lane's probes; for an FP8 case over TE's Python also the scaling observer of every iteration, and under
+    a recipe rounding gradients stochastically the observer of its NVFP4 quantizations (probes.nvfp4_sr)."""
     probes = default_probes(case.backend_name)
-    observer = scaling_observer(case.spec) if te_api.active().runs_te_python else None
-    return probes + ([observer] if observer is not None else [])
+    if not te_api.active().runs_te_python:
+        return probes
+    observers = (scaling_observer(case.spec), stochastic_rounding_observer(case.spec))
+    return probes + [o for o in observers if o is not None]
 
 
 def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
     """fp8_scaling (checks.fp8_scaling) for an FP8 case over TE's Python; none in high precision, and none for a
     pure-PyTorch --te-impl, whose quantizations never reach a tex boundary (the row says so). A block-scaled recipe's
     scales are not observed by it (per-tensor scaling state only; the row says so): they enter the gradients, which
-    the same-quantization reference, scaling each block by the format's own rule, judges."""
+    the same-quantization reference, scaling each block by the format's own rule, judges; a recipe rounding gradients
+    stochastically gets nvfp4_stochastic_rounding instead (stochastic_verdicts)."""
     spec = case.spec
     if spec.te is None or spec.te.recipe is None:
         return []
@@ -185,11 +218,18 @@ def scaling_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
         case.figures["fp8_scaling"] = (f"not observed: {spec.te.recipe}'s block scales are no per-tensor scaling state; "
                                        f"the same-quantization reference's gradients scale each block by the format's "
                                        f"rule (te.reference.block)")
-        return []
+        return stochastic_verdicts(case, got)
     if not te_api.active().runs_te_python:
         case.figures["fp8_scaling"] = f"not applicable: --te-impl {te_api.active().name} has no tex boundary"
         return []
     return [fp8_scaling(spec.id, case.backend_name, spec, got)]
+
+
+def stochastic_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
+    """nvfp4_stochastic_rounding (checks.nvfp4_sr) for a recipe rounding gradients stochastically over TE's Python."""
+    if case.spec.te.recipe not in STOCHASTIC_RECIPES or not te_api.active().runs_te_python:
+        return []
+    return [nvfp4_stochastic_rounding(case.spec.id, case.backend_name, got)]
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:

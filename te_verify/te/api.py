@@ -359,8 +359,8 @@ def case_recipe(api: SimpleNamespace, te) -> object | None:
 def make_recipe(api: SimpleNamespace, recipe: str | None, fp8_format: str = "E4M3", amax_history_len: int = 1024,
                 qfactory: str = ""):
     """The spec's recipe name (spec.RECIPES) as a recipe object of `api`, in `fp8_format` (NVFP4BlockScaling takes
-    none: E2M1 elements, E4M3 scales; "nvfp4_rn" is NVFP4BlockScaling without stochastic rounding, which the
-    same-quantization reference cannot draw; "custom" is CustomRecipe over the zoo factory `qfactory`).
+    none: E2M1 elements, E4M3 scales; "nvfp4" is TE's default, gradients rounded stochastically, "nvfp4_rn"
+    NVFP4BlockScaling without stochastic rounding; "custom" is CustomRecipe over the zoo factory `qfactory`).
 
     "E4M3" uses E4M3 for gradients too, held to E4M3 tolerances (rtol 0.125, atol 0.0675: TE quantization_tols,
     thunder te_assert_close); "HYBRID" quantizes gradients to E5M2 (2 mantissa bits), held to rtol 0.25, atol 0.125.

@@ -73,9 +73,9 @@ def _e2m1(x: torch.Tensor) -> torch.Tensor:
     return grid[code] * torch.where(torch.signbit(x), -1.0, 1.0)
 
 
-def nvfp4(x: torch.Tensor, amax: torch.Tensor, two_d: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(element values, per-element scale) of x in 1x16 NVFP4 blocks (16x16 tiles when two_d), under the
-    per-tensor amax `amax`."""
+def nvfp4_scaled(x: torch.Tensor, amax: torch.Tensor, two_d: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x scaled onto the E2M1 range, its block's E4M3 scale s_b per element) of x in 1x16 NVFP4 blocks (16x16 tiles
+    when two_d), under the per-tensor amax `amax`: what an element's E2M1 value is rounded from, and its block scale."""
     amax = amax.float()
     fp32_max = torch.finfo(torch.float32).max
     s_enc = torch.clamp(torch.tensor(E4M3_MAX * E2M1_MAX) / amax, max=fp32_max)
@@ -83,8 +83,30 @@ def nvfp4(x: torch.Tensor, amax: torch.Tensor, two_d: bool) -> tuple[torch.Tenso
     block = _tiles(x, 16 if two_d else 1, 16)
     s_b = torch.clamp(block * (s_enc * torch.tensor(1.0 / E2M1_MAX)), max=E4M3_MAX).to(torch.float8_e4m3fn).float()
     encode = torch.clamp(torch.reciprocal(s_b * torch.reciprocal(s_enc)), max=fp32_max)
-    values = _e2m1(x.float() * encode)
-    return values, s_b * (amax * torch.tensor(1.0 / (E2M1_MAX * E4M3_MAX)))
+    return x.float() * encode, s_b
+
+
+def e2m1_neighbours(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper): the E2M1 magnitudes enclosing |v| (equal where |v| is on the grid; 6 from 6 up and for NaN,
+    saturating)."""
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=v.device)
+    a = v.abs().float().nan_to_num(nan=E2M1_MAX).clamp(max=E2M1_MAX).unsqueeze(-1)
+    upper = grid[(a > grid).sum(-1)]  # the first grid value >= a (comparisons: torch.bucketize is ~100x slower on CPU)
+    lower = grid[(a >= grid).sum(-1) - 1]  # the last grid value <= a
+    return lower, upper
+
+
+def nvfp4(x: torch.Tensor, amax: torch.Tensor, two_d: bool,
+          up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element values, per-element scale) of x in 1x16 NVFP4 blocks (16x16 tiles when two_d), under the
+    per-tensor amax `amax`: rounded to nearest, or stochastically by `up` (per element, True: to the upper E2M1
+    neighbour of the scaled value, False: to the lower one)."""
+    scaled, s_b = nvfp4_scaled(x, amax, two_d)
+    scale = s_b * (amax.float() * torch.tensor(1.0 / (E2M1_MAX * E4M3_MAX)))
+    if up is None:
+        return _e2m1(scaled), scale
+    lower, upper = e2m1_neighbours(scaled)
+    return torch.where(up, upper, lower) * torch.where(torch.signbit(scaled), -1.0, 1.0), scale
 
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:
