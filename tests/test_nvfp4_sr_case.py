@@ -12,8 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from proof_tier import PROOF_TIER
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each run is a pytest session in the booted interpreter (~20 s here, mostly collection): the test command runs the
+# clean case and the planted wrong wgrad; the proofs job (TE_VERIFY_PROOF_TIER=pr, scripts/proofs.sh) adds the
+# correct implementation drawing other bits and the biased rounding (planted at the check: tests/test_nvfp4_sr.py).
+RUNS = ("clean", "wgrad_off") + (("other_draw", "always_down") if PROOF_TIER != "smoke" else ())
 VALUES = ("nvfp4_stochastic_rounding", "output_parity", "grad_parity", "replay", "grad_scale", "params_after_steps")
 
 
@@ -21,7 +26,7 @@ VALUES = ("nvfp4_stochastic_rounding", "output_parity", "grad_parity", "replay",
 def results() -> dict:
     paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_sr_e2e.py")], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "nvfp4_sr_e2e.py"), *RUNS], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -33,12 +38,16 @@ def _not_passed(checks: dict) -> dict:
 
 @pytest.mark.parametrize("run,backend", [("clean", "te_eager"), ("clean", "thunder_te"), ("other_draw", "te_eager")])
 def test_stochastic_rounding_case_passes_beside_its_known_gaps(results, run, backend):
+    if run not in RUNS:
+        pytest.skip(f"the {run!r} run is the proofs job's (scripts/proofs.sh)")
     checks = results[run][backend]
     assert {check: checks.get(check) for check in VALUES} == {check: "passed" for check in VALUES}
     assert set(_not_passed(checks).values()) <= {"known gap"}, _not_passed(checks)
 
 
 def test_biased_rounding_fails_the_stochastic_rounding_check(results):
+    if "always_down" not in RUNS:
+        pytest.skip("the proofs job's run (scripts/proofs.sh); planted at the check in tests/test_nvfp4_sr.py")
     assert results["always_down"]["te_eager"]["nvfp4_stochastic_rounding"] == "failed"
 
 

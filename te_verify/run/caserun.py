@@ -71,8 +71,8 @@ class CaseRun:
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
         got = self.run(probes=default_probes(self.backend_name, family), follow=ref)
         if getattr(self.backend, "allocates_outside_dispatch", False) and got.figures.get("peak_source") == \
-                "cpu_storage_tracker":
-            got.figures["peak_blind"] = f"{self.backend_name} allocates outside the dispatcher, which the CPU tracker reads"
+                "storage_tracker":
+            got.figures["peak_blind"] = f"{self.backend_name} allocates outside the dispatcher, which the storage tracker reads"
         self.figures.update(got.figures)
         truth = run_fp64_eager(self.spec, follow=ref)
         if family:  # attention and norms: eager's elementwise deviation from fp64, doubled (see tolerances.py)
