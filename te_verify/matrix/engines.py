@@ -65,9 +65,10 @@ def megatron_fsdp_specs(tier: str) -> list:
             for o in (False, True)}
     if tier == "smoke":
         return _grid("dist_megatron_fsdp", "megatron_fsdp", tier, [sets[False][-1]])
-    # Overlap is skipped on CPU (expectations/megatron_fsdp.toml): most pr cases are without it.
+    # pr draws one overlap set per mask: strategy first, so its five draws run every strategy with overlap.
+    overlap = sets[True] if tier == "nightly" else sorted(sets[True], key=lambda o: sets[True].index(o) % len(sync))
     return dedupe(_grid("dist_megatron_fsdp", "megatron_fsdp", tier, sets[False], per_mask=4)
-                  + _grid("dist_megatron_fsdp", "megatron_fsdp", tier, sets[True], per_mask=1))
+                  + _grid("dist_megatron_fsdp", "megatron_fsdp", tier, overlap, per_mask=1))
 
 
 def deepspeed_specs(tier: str) -> list:
