@@ -14,6 +14,11 @@ from te_verify.models import family_of
 from te_verify.spec import CaseSpec
 
 
+# A range of a collective's tensor an engine's layout names: (parameter name, "values" or "grad", first element,
+# end element).
+Owned = tuple[str, str, int, int]
+
+
 class WrapperError(ValueError):
     """An unknown wrapper or option; the message names it."""
 
@@ -42,6 +47,11 @@ class Wrapped:
     # A training engine's step (te_verify.training): its backward, finish, optimizer step and state. None for a
     # wrapper that only computes gradients (DDP, FSDP): the lane then runs one plain forward and backward.
     train: TrainStep | None = None
+    # The layout of the buffers it communicates: a collective's tensor -> which parameter owns which element range
+    # of it (Owned), or None where the tensor is not on one of its buffers. Where it answers, what the ranges name is
+    # what the tensor carries (nothing for padding); None here: storage and content matching name it
+    # (distributed.rank.carried).
+    buffer_layout: Callable[[torch.Tensor], list[Owned] | None] | None = None
 
 
 # A parameter's place, taken before wrapping: (qualified name, owning module, attribute). Reading the attribute

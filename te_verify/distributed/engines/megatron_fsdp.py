@@ -53,6 +53,7 @@ from te_verify.compat import record
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.types import Engine
 from te_verify.distributed.engines.gathered import megatron_fsdp_gathered
+from te_verify.distributed.engines.layout import megatron_fsdp_layout
 from te_verify.distributed.rank.training import load_te, microbatches
 from te_verify.training import StateBytes
 from te_verify.training import TrainStep, default_backward, sgd
@@ -248,7 +249,7 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     train = TrainStep(backward=default_backward, finish=finish, step=step, state=state,
                       no_sync=fsdp.no_sync)
     return Wrapped(fsdp, layers, full_grads, full_params, megatron_fsdp_gathered(buffers, model, layers), world,
-                   keep=[mesh(world)], train=train)
+                   keep=[mesh(world)], train=train, buffer_layout=megatron_fsdp_layout(buffers))
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,9 @@ A gradient is named by storage only: its values exist nowhere before the reducti
 by copying gradients (DDP's buckets, FSDP's flat reduce-scatter input) is "gradients" without names; its bytes are
 judged by checks.collectives.gradient_volume. Buffers of integer dtypes (FSDP2 packs mixed dtypes as bytes) are
 matched by storage only.
+Neither applies to a buffer whose layout the wrapper declares (Wrapped.buffer_layout): there the ranges the layout
+names carry those parameters and nothing else does, so memory an engine left uninitialised (a bucket's padding
+holding an earlier case's copy of the same seeded weights) is never taken for this case's.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 from te_verify.checks.collectives import Carried
-from te_verify.distributed.types import Slot
+from te_verify.distributed.types import Owned, Slot
 
 HASH_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # the 64-bit golden-ratio constant, as a signed int64
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -122,18 +125,27 @@ def byte_range(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 class Attribution:
-    """Names what a collective's tensors carry: storage first (what the wrapper holds now), then content."""
+    """Names what a collective's tensors carry: the wrapper's declared layout where it has one for the tensor;
+    otherwise storage first (what the wrapper holds now), then content."""
 
-    def __init__(self, index: ContentIndex, holders: Callable[[], Iterable[tuple[str, str, torch.Tensor | None]]]):
+    def __init__(self, index: ContentIndex, holders: Callable[[], Iterable[tuple[str, str, torch.Tensor | None]]],
+                 layout: Callable[[torch.Tensor], list[Owned] | None] | None = None):
         # holders() yields (name, what, tensor) for every tensor a buffer may share storage with, read at call
         # time: the wrapper's current parameters ("values"), their .grad ("grad"), the model's buffers ("values").
         self.index = index
         self.holders = holders
+        # Wrapped.buffer_layout: which parameter owns which range of a tensor on the wrapper's buffers.
+        self.layout = layout
 
     def __call__(self, tensors: list[torch.Tensor]) -> tuple[Carried, ...]:
         total: dict[tuple[str, str], int] = {}
         ranges = [(name, what, r) for name, what, t in self.holders() if t is not None and (r := byte_range(t))]
         for buffer in tensors:
+            owned = self.layout(buffer) if self.layout is not None else None
+            if owned is not None:
+                for name, what, start, end in owned:
+                    total[(name, what)] = total.get((name, what), 0) + (end - start) * buffer.element_size()
+                continue
             found: dict[tuple[str, str], int] = {}  # one buffer: storage and content may both name a tensor
             span = byte_range(buffer)
             for name, what, (lo, hi) in ranges if span else ():

@@ -105,7 +105,7 @@ def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, li
             unfreeze_all(wrapped.layers)
     elif spec.freeze_timing != "before":
         freeze_slots(slots, spec)
-    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model)), slots
+    return wrapped, Attribution(ContentIndex(built), lambda: held_tensors(slots, model), wrapped.buffer_layout), slots
 
 
 def freeze_slots(slots: list[Slot], spec: CaseSpec) -> None:
