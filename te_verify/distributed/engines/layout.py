@@ -31,9 +31,7 @@ def megatron_fsdp_layout(buffers) -> Callable[[torch.Tensor], list[Owned] | None
                               (group.main_weight_buffer, "values"), (group.main_grad_buffer, "grad")):
                 if buf is None:
                     continue
-                items = [(buffers.param_to_name[p], what, index.global_data_index - buf.bucket_index.global_data_index,
-                          index.global_data_index - buf.bucket_index.global_data_index + index.size)
-                         for p, index in ((p, buf.item_index_map[i]) for i, p in enumerate(buf.params))]
+                items = bucket_items(buf, what, buffers.param_to_name)
                 if getattr(buf, "data", None) is not None:
                     start = buf.shard_bucket_index.bucket_data_index if buf.is_data_distributed else 0
                     yield buf.data, start, items
@@ -42,6 +40,14 @@ def megatron_fsdp_layout(buffers) -> Callable[[torch.Tensor], list[Owned] | None
                     yield bucket.data, 0, items
 
     return lambda tensor: owned_ranges(tensor, regions())
+
+
+def bucket_items(buf, what: str, names: dict) -> list[tuple[str, str, int, int]]:
+    """(name, what, start, end) of each of a DataParallelBuffer's parameters, in elements of its bucket."""
+    base = buf.bucket_index.global_data_index
+    return [(names[p], what, buf.item_index_map[i].global_data_index - base,
+             buf.item_index_map[i].global_data_index - base + buf.item_index_map[i].size)
+            for i, p in enumerate(buf.params)]
 
 
 def owned_ranges(tensor: torch.Tensor, regions: Iterator[Region]) -> list[Owned] | None:

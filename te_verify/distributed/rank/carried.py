@@ -15,7 +15,7 @@ by copying gradients (DDP's buckets, FSDP's flat reduce-scatter input) is "gradi
 judged by checks.collectives.gradient_volume. Buffers of integer dtypes (FSDP2 packs mixed dtypes as bytes) are
 matched by storage only.
 Neither applies to a buffer whose layout the wrapper declares (Wrapped.buffer_layout): there the ranges the layout
-names carry those parameters and nothing else does, so memory an engine left uninitialised (a bucket's padding
+names carry those parameters (their values, or their gradients in a grad buffer) and nothing else does, so memory an engine left uninitialised (a bucket's padding
 holding an earlier case's copy of the same seeded weights) is never taken for this case's.
 """
 from __future__ import annotations
