@@ -10,9 +10,11 @@ Why a dispatch mode and what it sees:
   Outputs on the meta device or of FakeTensor type are ignored as a second guard.
 - Storage identity: every storage first produced by an op during the run gets a serial number (its key);
   storages that existed before (parameters, the model input) are keyed ("pre", data_ptr). Serials never
-  alias, unlike data pointers, which the allocator reuses once a storage is freed. A GEMM operand that no
-  dispatched op allocated (inductor allocates its buffers in C++) at an address where another such storage was
-  seen before is keyed ("pre", data_ptr, generation).
+  alias, unlike data pointers, which the allocator reuses once a storage is freed. A storage that no dispatched
+  op allocated (inductor allocates its buffers in C++) is noted the first time it is keyed, whatever asks (a GEMM
+  operand, a GEMM's out= buffer, a tex operand): one at an address where another such storage was keyed before is
+  keyed ("pre", data_ptr, generation). Noting only some (once only GEMM operands) let a buffer first keyed as a
+  GEMM's output share ("pre", data_ptr) with an earlier, dead one there: attribution then hung on the allocator.
 - Phase "idle" (set by a runner around its own snapshots) pauses all of it: the mode is popped off the stack,
   so the harness's copies pay no dispatch either.
 - Cost: a Python dispatch hook costs a few microseconds per aten op whatever it does (about 2.5x the step
@@ -277,6 +279,8 @@ class Watcher(TorchDispatchMode):
         self.window_peak_bytes = self.current_bytes
 
     def key(self, t: torch.Tensor) -> StorageKey:
+        """The key of `t`'s storage, noting it first (`_see`), so no two storages ever keyed share one."""
+        self._see(t)
         return self.key_of_storage(t.untyped_storage())
 
     def view_key(self, t: torch.Tensor) -> tuple:
@@ -298,7 +302,8 @@ class Watcher(TorchDispatchMode):
             self._derived[self.view_key(out)] = self.root_view(sources[0])
 
     def key_of_storage(self, storage: torch.UntypedStorage) -> StorageKey:
-        """The serial (an int) of a storage made during the run, else ("pre", data_ptr)."""
+        """The serial (an int) of a storage made during the run, else ("pre", data_ptr[, generation]): a storage
+        not noted (`_see`) yet reads as its address's first, so keys go through `key`."""
         ptr = storage.data_ptr()
         entry = self._tracked(storage, ptr)
         if entry is not None:
@@ -309,10 +314,10 @@ class Watcher(TorchDispatchMode):
         return ("pre", ptr)
 
     def _see(self, t: torch.Tensor) -> None:
-        """Note a GEMM operand's storage that no dispatched op allocated. The first storage object seen at an
-        address keeps the key ("pre", ptr); a later one there (a compiled kernel's buffer reusing a dead one's
-        memory) gets ("pre", ptr, generation), so it is not taken for the earlier one. Not a new allocation for
-        the byte figures: nothing dispatched made it."""
+        """Note a keyed storage that no dispatched op allocated. The first storage object seen at an address
+        keeps the key ("pre", ptr); a later one there (a compiled kernel's buffer reusing a dead one's memory) gets
+        ("pre", ptr, generation), so it is not taken for the earlier one. Not a new allocation for the byte
+        figures: nothing dispatched made it."""
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         seen = self._seen.get(ptr)
@@ -368,10 +373,7 @@ class Watcher(TorchDispatchMode):
         return out
 
     def _gemm(self, func: Any, operands: tuple, out: torch.Tensor, flops: int) -> None:
-        """One GEMM on real tensors: note its operands' storages, learn a layer in the forward, tell listeners."""
-        for t in operands:
-            if isinstance(t, torch.Tensor):
-                self._see(t)
+        """One GEMM on real tensors: learn a layer in the forward, tell listeners."""
         if self.phase == "forward":
             self._learn_layer(operands, out)
         for listener in self.gemm_listeners:

@@ -156,7 +156,7 @@ class SavedTensorsProbe:
             return t
         if is_real(t):
             storage = t.untyped_storage()
-            key = self._watcher.key_of_storage(storage)
+            key = self._watcher.key(t)
             root = self._watcher.root_view(t) if self._watcher.follow_copies else ()
             new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
             view, print_ = (self._watcher.view_key(t), dispatch.fingerprint(t)) if new else ((), None)
