@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from te_verify.probes.tex_casts import cast_wrappers
 from te_verify.te.tecpu.record import patch_tex, restore_tex
 
 DELAYED, CURRENT = "delayed", "current"
@@ -139,8 +140,7 @@ class Fp8ScalingObserver:
         return names
 
     def __enter__(self) -> "Fp8ScalingObserver":
-        patch_tex(self._saved, (("quantize", self._wrap_quantize), ("split_quantize", self._wrap_split),
-                                ("bgrad_quantize", self._wrap_bgrad)))
+        patch_tex(self._saved, cast_wrappers(self._note))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -178,29 +178,6 @@ class Fp8ScalingObserver:
             column = torch.as_strided(q.amax.detach(), (self.history_len,), (n,), q.amax.storage_offset())
             self.slots[key] = SlotState(q.scale.detach(), column)
         return key
-
-    def _wrap_quantize(self, original: Callable) -> Callable:
-        def quantize(tensor, quantizer, output=None, noop=None, *args: Any, **kwargs: Any):
-            out = original(tensor, quantizer, output, noop, *args, **kwargs)
-            if noop is None or not bool(noop.reshape(-1)[0] == 1):  # a no-op flag skips the cast (and its amax)
-                self._note(tensor, quantizer, out)
-            return out
-        return quantize
-
-    def _wrap_split(self, original: Callable) -> Callable:
-        def split_quantize(tensor, split_sections, quantizer_list, *args: Any, **kwargs: Any):
-            outs = original(tensor, split_sections, quantizer_list, *args, **kwargs)
-            for chunk, q, out in zip(torch.split(tensor, list(split_sections)), quantizer_list, outs):
-                self._note(chunk, q, out)
-            return outs
-        return split_quantize
-
-    def _wrap_bgrad(self, original: Callable) -> Callable:
-        def bgrad_quantize(input, quantizer):  # noqa: A002 -- pybind's argument name
-            grad_bias, out = original(input, quantizer)
-            self._note(input, quantizer, out)
-            return [grad_bias, out]
-        return bgrad_quantize
 
     def figures(self) -> dict[str, Any]:
         return {"fp8_quantizations": len(self.quantizations), "fp8_delayed_slots": len(self.slots)}

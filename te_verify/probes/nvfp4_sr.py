@@ -16,6 +16,7 @@ import torch
 
 from te_verify.probes import dispatch
 from te_verify.te.tecpu import block_scales, nvfp4
+from te_verify.probes.tex_casts import cast_wrappers
 from te_verify.te.tecpu.record import patch_tex, restore_tex
 
 HOST = torch.device("cpu")
@@ -78,8 +79,7 @@ class StochasticRoundingObserver:
         self._saved: list[tuple[str, Callable]] = []
 
     def __enter__(self) -> "StochasticRoundingObserver":
-        patch_tex(self._saved, (("quantize", self._wrap_quantize), ("split_quantize", self._wrap_split),
-                                ("bgrad_quantize", self._wrap_bgrad)))
+        patch_tex(self._saved, cast_wrappers(self._note))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -105,29 +105,6 @@ class StochasticRoundingObserver:
             self.stochastic.append(StochasticQuantization(source, bool(q.with_2d_quantization), bool(q.with_rht),
                                                           self._iteration, self._phase, _stored(out, False),
                                                           _stored(out, True)))
-
-    def _wrap_quantize(self, original: Callable) -> Callable:
-        def quantize(tensor, quantizer, output=None, noop=None, *args: Any, **kwargs: Any):
-            out = original(tensor, quantizer, output, noop, *args, **kwargs)
-            if noop is None or not bool(noop.reshape(-1)[0] == 1):  # a no-op flag skips the cast
-                self._note(tensor, quantizer, out)
-            return out
-        return quantize
-
-    def _wrap_split(self, original: Callable) -> Callable:
-        def split_quantize(tensor, split_sections, quantizer_list, *args: Any, **kwargs: Any):
-            outs = original(tensor, split_sections, quantizer_list, *args, **kwargs)
-            for chunk, q, out in zip(torch.split(tensor, list(split_sections)), quantizer_list, outs):
-                self._note(chunk, q, out)
-            return outs
-        return split_quantize
-
-    def _wrap_bgrad(self, original: Callable) -> Callable:
-        def bgrad_quantize(input, quantizer):  # noqa: A002 -- pybind's argument name
-            grad_bias, out = original(input, quantizer)
-            self._note(input, quantizer, out)
-            return [grad_bias, out]
-        return bgrad_quantize
 
     def figures(self) -> dict[str, Any]:
         return {f"nvfp4_{'sr' if sr else 'rn'}_quantizations_{phase}": n
