@@ -26,7 +26,7 @@ from te_verify.checks.state import output_parity, params_after_steps, state_left
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_compile import te_compile_verdicts
-from te_verify.oracle.required import te_sites
+from te_verify.oracle.required import sites, te_sites
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
@@ -229,6 +229,10 @@ def stochastic_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
     """nvfp4_stochastic_rounding (checks.nvfp4_sr) for a recipe rounding gradients stochastically over TE's Python."""
     if case.spec.te.recipe not in STOCHASTIC_RECIPES or not te_api.active().runs_te_python:
         return []
+    if not any(role in ("dgrad", "wgrad") for site in sites(case.spec) for role in site.roles()):
+        # Stochastic rounding applies to gradients; a case the oracle gives no gradient GEMM rounds none.
+        return [Verdict("nvfp4_stochastic_rounding", True, figures={
+            "nvfp4_sr_compared": "nothing: the case needs no gradient GEMM, so no gradient is rounded"})]
     return [nvfp4_stochastic_rounding(case.spec.id, case.backend_name, got)]
 
 
