@@ -139,7 +139,8 @@ class _GroupedPointwiseConv(torch.nn.Module):
         return torch.nn.functional.conv1d(x.transpose(-2, -1), self.b.unsqueeze(-1), groups=2).transpose(-2, -1)
 
 
-def _probe_conv(model: torch.nn.Module, x: torch.Tensor) -> GemmProbe:
+def probe_one_step(model: torch.nn.Module, x: torch.Tensor) -> GemmProbe:
+    """A GemmProbe bound to `model` over one forward and one backward of ones."""
     probe = GemmProbe()
     probe.bind(model)
     with probe:
@@ -155,14 +156,14 @@ def test_a_pointwise_convolution_counts_as_the_gemms_it_is() -> None:
     group's in-channels x out-channels (torch 2.13's FlopCounterMode counts a grouped convolution's weight gradient
     `groups` times over, 1,536 FLOPs here, so it is not the reference)."""
     model, x = _GroupedPointwiseConv(), torch.randn(2, 8, 4, requires_grad=True)
-    probe = _probe_conv(model, x)
+    probe = probe_one_step(model, x)
     assert sorted((e.role, e.layer) for e in probe.events) == [("dgrad", 0), ("fprop", 0), ("wgrad", 0)]
     assert [e.flops for e in probe.events] == [2 * (2 * 8) * 2 * 12] * 3
 
 
 def test_a_sliding_convolution_is_no_gemm() -> None:
     conv = torch.nn.Conv1d(4, 4, kernel_size=3, padding=1, bias=False)
-    probe = _probe_conv(conv, torch.randn(2, 4, 8, requires_grad=True))
+    probe = probe_one_step(conv, torch.randn(2, 4, 8, requires_grad=True))
     assert probe.events == []
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from te_verify.probes import dispatch
-from te_verify.probes.flops import GemmProbe
+from test_probes_flops import probe_one_step
 
 ROWS, WIDTH, RANK, SITES = 8, 32, 4, 3
 
@@ -73,13 +73,6 @@ class _Adapters(torch.nn.Module):
 
 
 def test_wgrads_whose_gradients_share_a_reused_buffer_each_name_their_site():
-    model, x = _Adapters(), torch.randn(ROWS, WIDTH)
-    probe = GemmProbe()
-    probe.bind(model)
-    with probe:
-        probe.phase("forward")
-        out = model(x)
-        probe.phase("backward", 1)
-        out.backward(torch.ones_like(out))
+    probe = probe_one_step(_Adapters(), torch.randn(ROWS, WIDTH))
     wgrads = [e.layer for e in probe.events if e.role == "wgrad"]
     assert wgrads == list(range(SITES))  # layers 0..2 are lora_a.0..2 (module order)
