@@ -17,6 +17,7 @@ from te_verify.te.reference.functional import linear_forward
 from te_verify.probes import default_probes
 from te_verify.probes.flops import GemmProbe
 from te_verify.run.microbatch import run_mean_reduced
+from te_verify.record import Record
 from te_verify.spec import CaseSpec, SpecError, TEConfig
 
 ALT = (True, False, True, False)
@@ -114,3 +115,24 @@ def test_reference_hybrid_quantizes_gradients_in_e5m2():
     state, recipe = LayerState("0"), DelayedScaling(fp8_format=Format.HYBRID)
     assert state.scaler("input", recipe, torch.device("cpu")).dtype == torch.float8_e4m3fn
     assert state.scaler("grad_output", recipe, torch.device("cpu")).dtype == torch.float8_e5m2
+
+
+FROZEN = CaseSpec("te_peft", (32, 64, 32), (True, True), (True, True), False, (16,), te=TEConfig(recipe=None))
+
+
+def test_forward_raise_without_a_graph_is_not_observed_not_zero_gemms():
+    """Nothing trains, so eager's backward raises too; but a run that raised in its forward (pass 0) did none of the
+    forward's GEMMs: the figures are partial, never "0 fprop GEMMs, 1 required" (a torch.compile fake-tensor raise)."""
+    raised = Record("te_eager", error=RuntimeError("fake tensor"), error_pass=0)
+    verdicts = te_waste(FROZEN.id, "te_eager", FROZEN, raised)
+    assert [v.check for v in verdicts] == ["gemm_work", "te_saved_bytes"]
+    assert all(not v.ok and v.blocked_by == "ending" and "not observed" in v.message for v in verdicts)
+
+
+def test_backward_raise_without_a_graph_is_judged_on_the_forward():
+    """Its twin: the raise at backward pass 1 is eager's own (no graph); the forward's GEMMs are judged."""
+    got = _probed(FROZEN, TEEagerBackend(), te_api.resolve("reference"))
+    got.error, got.error_pass = RuntimeError("element 0 of tensors does not require grad"), 1
+    verdicts = te_waste(FROZEN.id, "te_eager", FROZEN, got)
+    assert all(v.ok for v in verdicts), [v.message for v in verdicts]
+    assert verdicts[0].figures["flops_actual"] == verdicts[0].figures["flops_required"] > 0

@@ -34,7 +34,7 @@ def launch(node_rank: int, port: int, report: Path) -> subprocess.Popen:
             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
             "-m", "te_verify.distributed", "--tier", "smoke", "--family", "dist_ddp", "--device", "cpu",
             "--report-dir", str(report)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(report.parent)}  # torchrun's torchelastic_* log dirs
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -88,7 +88,7 @@ def run_one_node(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProces
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-port", str(free_port()), "-m", "te_verify.distributed", "--tier", "smoke", "--family", "dist_ddp",
             "--device", "cpu", "--report-dir", str(tmp_path / "report"), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* log dirs
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     results = tmp_path / "report" / "results.json"

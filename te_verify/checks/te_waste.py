@@ -228,9 +228,10 @@ def te_waste(case_id: str, backend: str, spec: CaseSpec, record: Record, skip: s
     """The TE lane's waste verdicts: GEMMs by layer and role, FLOPs, saved bytes, and the FP8 copies kept.
 
     Not applicable (actual figures "unknown", reason in `waste_skipped`) when `skip` says why; not observed when
-    the run raised (a cut-short run has partial figures; `ending` says how it ended).
+    the run raised before eager's does (a cut-short run has partial figures; `ending` says how it ended).
     """
-    if skip is None and record.error is not None and graph_exists(spec):
+    # Where no graph exists eager's backward raises too, after a complete forward: only a forward raise cuts it short.
+    if skip is None and record.error is not None and (graph_exists(spec) or record.error_pass == 0):
         why = f"the run raised in pass {record.error_pass} (ending says how); its figures are partial"
         checks = ("gemm_work", "te_saved_bytes") + (("fp8_copies",) if spec.te is not None and spec.te.recipe else ())
         checks += ("fp8_copies_made",) if spec.te is not None and spec.te.recipe in BLOCK_FORMAT else ()
