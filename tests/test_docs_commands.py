@@ -120,6 +120,10 @@ SMALLEST: dict[str, Smallest] = {
         None, "bootstraps .venv-torch214 first; tests/test_te_compile.py runs the compiled-path tests there"),
     "bash scripts/run_torch_compile_te.sh --tier nightly --backend torch_compile_te --backend torch_compile_te_inductor "
     "--report-dir reports/torch214-nightly": Smallest(None, "the nightly tier in .venv-torch214: the nightly workflow"),
+    "bash scripts/run_torch_compile_te.sh --tier pr --backend torch_compile_te --te-capability sm100 --report-dir "
+    "reports/torch214-sm100": Smallest(None, "the pr tier in .venv-torch214 at sm100: minutes"),
+    "python scripts/upstream/te_compiled_nvfp4_wgrad.py --cpu": Smallest(
+        None, "needs torch 2.14 (.venv-torch214); the torch_compile_te NVFP4 entries hold the same gap"),
     "pytest cases/ --tier pr -n 2 --backend torch_compile_te": Smallest(
         None, "minutes; tests/test_te_compile.py runs one torch_compile_te case through the plugin"),
 }

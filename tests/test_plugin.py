@@ -116,6 +116,11 @@ def test_stale_expectation_warns_at_the_end(tmp_path):
     proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
     assert proc.returncode == 0
     assert "stale expectation" in proc.stdout and "lin9-no-such-case" in proc.stdout
+    # A repro's node id selects one case: every other entry would read stale, so none is judged, saying so.
+    nodeid = f"cases/test_freeze.py::test_freeze[eager-{FAMILIES['freeze']('smoke')[0].id}]"
+    proc = run_pytest(nodeid, "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "stale expectation " not in proc.stdout and "not judged on a selection of node ids" in proc.stdout
 
 
 def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):

@@ -26,7 +26,7 @@ from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.verdict import CheckFailures
 from te_verify.matrix.te import SQUARE4
 from te_verify.record import Record
-from te_verify.spec import CaseSpec, TEConfig
+from te_verify.spec import CUSTOM_FACTORIES, RECIPES, CaseSpec, TEConfig
 from planted_te_compile import PLANTED_REASON, compiled_wgrad_for_frozen, falls_back_where_te_compiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,3 +217,15 @@ def test_compiled_path_tests_in_the_torch214_environment():
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     # Everything but the old-torch test ran there and passed.
     assert proc.returncode == 0 and "1 skipped" in summary, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_each_recipe_is_judged_by_the_te_recipe_class_it_builds(monkeypatch):
+    """TE registers the quantizers of current scaling, MXFP8, FP8 block scaling and NVFP4 as value-opaque: every
+    spec recipe building one of those classes compiles (nvfp4_rn, NVFP4 without stochastic rounding, once read as
+    a fallback: its compiled rows failed te_compile_path as a stale table in the torch 2.14 environment at sm100)."""
+    monkeypatch.setattr(compile_path, "environment_reason", lambda: None)
+    te = {recipe: TEConfig(recipe=recipe, qfactory=CUSTOM_FACTORIES[0] if recipe == "custom" else "")
+          for recipe in RECIPES if recipe is not None}
+    falls_back = {recipe for recipe, config in te.items()
+                  if compile_path.expected_fallback(HP.replace(te=config), False)}
+    assert falls_back == {"delayed", "custom"}

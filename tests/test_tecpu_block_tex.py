@@ -208,3 +208,21 @@ def test_make_recipe_builds_the_block_recipes_the_spec_names(te) -> None:
         spec.replace(te=TEConfig(recipe="nvfp4", fp8_format="HYBRID"))
     with pytest.raises(te_api.TEImplError, match="has no NVFP4BlockScaling"):
         te_api.make_recipe(te_api.resolve("reference").api, "nvfp4")
+
+
+def test_fp8_scaling_observer_holds_each_current_quantizer_it_names_by_id(te) -> None:
+    """A current-scaling quantization is named by its quantizer's id(): the observer holds the quantizer, so a freed
+    one (TE's compiled path copies quantizers per tensor spec) cannot pass its id to a later quantizer of another
+    role, which would then be judged as this one's (a gradient's E5M2 quantization named a forward tensor's)."""
+    import weakref
+
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+    observer = Fp8ScalingObserver(history_len=16)
+    x = sample(32, 128)
+    transient = Float8CurrentScalingQuantizer(te.tex.DType.kFloat8E5M2, device=x.device)
+    observer._note(x, transient, transient(x))
+    alive, slot = weakref.ref(transient), observer.quantizations[0].slot
+    del transient
+    later = [Float8CurrentScalingQuantizer(te.tex.DType.kFloat8E4M3, device=x.device) for _ in range(64)]
+    assert alive() is not None and all(id(q) != slot[0] for q in later)

@@ -95,6 +95,10 @@ class Fp8ScalingObserver:
         self._interval = ("forward", 0)
         self._iteration = 1
         self._saved: list[tuple[str, Callable]] = []
+        # Every current-scaling quantizer noted, held: its slot is its id(), which a freed quantizer would pass on to
+        # a later object (TE's compiled path copies quantizers per tensor spec: a gradient's E5M2 copy, once freed,
+        # could lend its id to a forward quantizer and be named as one).
+        self._noted: dict[int, Any] = {}
 
     def bind(self, model: torch.nn.Module) -> None:
         self.params = {p.untyped_storage().data_ptr(): name for name, p in model.named_parameters()}
@@ -161,6 +165,8 @@ class Fp8ScalingObserver:
         kind = DELAYED if type(q).__name__ == "Float8Quantizer" else CURRENT
         if type(q).__name__ not in ("Float8Quantizer", "Float8CurrentScalingQuantizer") or out is None:
             return  # block-scaled quantizers: not per-tensor scaling
+        if kind == CURRENT:
+            self._noted[id(q)] = q
         slot = self._slot(q) if kind == DELAYED else (id(q), 0)
         scale_inv = float(out._scale_inv.reshape(-1)[0])
         source = self.params.get(x.untyped_storage().data_ptr()) if x.storage_offset() == 0 else None

@@ -321,6 +321,8 @@ def ensure_te_importable() -> None:
 # The spec's block-scaling recipe names -> the TE recipe class (api attribute) each builds.
 BLOCK_RECIPES = {"mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling",
                  "nvfp4_rn": "NVFP4BlockScaling", "custom": "CustomRecipe"}
+# Every FP8 recipe name of the spec -> the TE recipe class it builds.
+RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", **BLOCK_RECIPES}
 # The spec's recipe names -> TE's availability check of the format its GEMMs need (transformer_engine.pytorch); a
 # CustomRecipe by the formats of its factory (spec.CUSTOM_FACTORIES).
 FORMAT_CHECKS = {"mxfp8": "is_mxfp8_available", "block": "is_fp8_block_scaling_available",

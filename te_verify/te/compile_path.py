@@ -15,6 +15,7 @@ import sys
 import torch
 
 from te_verify.spec import CaseSpec, TEConfig
+from te_verify.te.api import RECIPE_CLASSES
 
 # torch._library.opaque_object's functions TE 2.20's compile path imports (dynamo/custom_op.py).
 TORCH_API = ("register_custom_class", "is_opaque_constant_type")
@@ -24,8 +25,9 @@ DELAYED_WGRAD = "delayed wgrad compute (wgrad_store)"
 MAIN_GRAD = "fuse_wgrad_accumulation (main_grad)"
 WEIGHT_CACHING = "FP8 weight caching (is_first_microbatch)"
 NOT_OPAQUE = "a quantizer not registered as a torch.compile value-opaque type"
-# Recipes whose quantizers TE registers as value-opaque (tensor/*_tensor.py register_value_opaque_quantizer).
-OPAQUE_RECIPES = (None, "current", "mxfp8", "block", "nvfp4")
+# TE recipe classes whose quantizers TE registers as value-opaque (tensor/*_tensor.py register_value_opaque_quantizer),
+# read through the spec's recipe -> class table, so a recipe name that builds one of them (nvfp4_rn) is one too.
+OPAQUE_RECIPE_CLASSES = ("Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling")
 # The TE class each non-Linear module kind builds: TE ships no compiled path for them.
 NO_PATH = {"grouped_linear": "GroupedLinear", "ops_linear": "te.ops.Linear", "ops_grouped_linear":
            "te.ops.GroupedLinear", "grouped_mlp": "te.ops GroupedMLP"}
@@ -76,6 +78,6 @@ def expected_fallback(spec: CaseSpec, first_microbatch_passed: bool) -> list[str
         reasons.append(MAIN_GRAD)
     if te.recipe is not None and first_microbatch_passed:
         reasons.append(WEIGHT_CACHING)
-    if te.recipe not in OPAQUE_RECIPES:
+    if te.recipe is not None and RECIPE_CLASSES.get(te.recipe) not in OPAQUE_RECIPE_CLASSES:
         reasons.append(NOT_OPAQUE)
     return reasons
