@@ -100,6 +100,8 @@ SMALLEST: dict[str, Smallest] = {
         None, "tests/test_case_order.py runs cases in both orders"),
     "te-verify run --tier nightly --shard 1/4 --report-dir reports/s1": Smallest(None, "the nightly tier: minutes"),
     "te-verify run --tier nightly": Smallest(None, "the nightly tier: minutes"),
+    "te-verify run --tier nightly --backend te_eager --backend thunder_te --backend torch_compile_te -k test_te_":
+        Smallest(None, "the TE lane's nightly tier, three backends: 30-40 minutes"),
     "te-verify report merge reports/s1 reports/s2 reports/s3 reports/s4 --out reports/nightly": Smallest(
         None, "the merge runs in the README's entry; tests/test_shards.py merges shards"),
     # docs/te-lane.md, docs/performance.md
