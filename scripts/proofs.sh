@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export TE_VERIFY_PROOF_TIER="${TE_VERIFY_PROOF_TIER:-pr}"
 exec .venv/bin/python -m pytest tests/test_split_k_te.py tests/test_tolerances.py tests/test_waste_checks.py \
-  tests/test_plugin.py tests/test_nvfp4_sr_case.py -n 2 -q -p no:cacheprovider \
-  -k "whole_torch_lane or the_torch_lane or every_te_lane_case or nvfp4_sr_case" "$@"
+  tests/test_plugin.py tests/test_nvfp4_sr_case.py tests/test_buffer_layout.py -n 2 -q -p no:cacheprovider \
+  -k "whole_torch_lane or the_torch_lane or every_te_lane_case or nvfp4_sr_case or stale_padding_is_not" "$@"
