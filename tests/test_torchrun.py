@@ -88,6 +88,7 @@ def run_one_node(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProces
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-port", str(free_port()), "-m", "te_verify.distributed", "--tier", "smoke", "--family", "dist_ddp",
             "--device", "cpu", "--report-dir", str(tmp_path / "report"), *args]
+    tmp_path.mkdir(parents=True, exist_ok=True)  # a TMPDIR that does not exist sends tempfile back to /tmp
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* log dirs
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
