@@ -51,9 +51,9 @@ def _quantization(x: torch.Tensor, make, phase: str = "backward") -> StochasticQ
     return StochasticQuantization(x, False, True, 1, phase, make(x), make(col))
 
 
-def _verdict(*quantizations):
+def _verdict(*quantizations, gradient_gemms: bool = True):
     got = SimpleNamespace(observations={"nvfp4_sr": {"stochastic": list(quantizations), "counts": {}}})
-    return nvfp4_stochastic_rounding("case", "te_eager", got)
+    return nvfp4_stochastic_rounding("case", "te_eager", got, gradient_gemms)
 
 
 def _emulation(seed: int):
@@ -110,6 +110,16 @@ def test_stochastic_rounding_in_a_forward_call_fails():
 def test_no_stochastic_quantization_is_not_observed():
     v = _verdict()
     assert not v.ok and "not observed" in v.message and v.figures["nvfp4_sr_quantizations"] == 0
+
+
+def test_a_case_without_gradient_gemms_rounds_nothing_and_says_so():
+    """No dgrad or wgrad in the oracle: no gradient to round, a pass naming that; a stochastic quantization the run
+    made anyway is still judged (a biased one fails)."""
+    v = _verdict(gradient_gemms=False)
+    assert v.ok and v.figures["nvfp4_sr_compared"].startswith("nothing: the case needs no gradient GEMM")
+    biased = _quantization(_source(0), lambda x: _emulated(x, lambda shape: torch.zeros(shape, dtype=torch.uint8)))
+    v = _verdict(biased, gradient_gemms=False)
+    assert not v.ok and "biased" in v.message
 
 
 def test_reference_replays_the_runs_rounding_exactly_on_the_same_source():

@@ -129,9 +129,14 @@ def _label(k: int, q: StochasticQuantization, columnwise: bool) -> str:
             f"{'columnwise' if columnwise else 'rowwise'} copy)")
 
 
-def nvfp4_stochastic_rounding(case_id: str, backend: str, got) -> Verdict:
-    """Every stochastic NVFP4 quantization of the run against the contract (module doc)."""
+def nvfp4_stochastic_rounding(case_id: str, backend: str, got, gradient_gemms: bool = True) -> Verdict:
+    """Every stochastic NVFP4 quantization of the run against the contract (module doc). `gradient_gemms`: whether
+    the case's oracle has a dgrad or wgrad GEMM; stochastic rounding applies to gradients, so without one a run that
+    rounded nothing stochastically passes saying so (any stochastic quantization it did make is still judged)."""
     seen = got.observations.get("nvfp4_sr")
+    if not gradient_gemms and not (seen and seen["stochastic"]):
+        return Verdict("nvfp4_stochastic_rounding", True, figures={
+            "nvfp4_sr_compared": "nothing: the case needs no gradient GEMM, so no gradient is rounded"})
     if seen is None or not seen["stochastic"]:
         why = ("the run reached no tex boundary" if seen is None
                else "the recipe rounds gradients stochastically, but no stochastic NVFP4 quantization was made")

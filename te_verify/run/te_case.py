@@ -229,11 +229,8 @@ def stochastic_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
     """nvfp4_stochastic_rounding (checks.nvfp4_sr) for a recipe rounding gradients stochastically over TE's Python."""
     if case.spec.te.recipe not in STOCHASTIC_RECIPES or not te_api.active().runs_te_python:
         return []
-    if not any(role in ("dgrad", "wgrad") for site in sites(case.spec) for role in site.roles()):
-        # Stochastic rounding applies to gradients; a case the oracle gives no gradient GEMM rounds none.
-        return [Verdict("nvfp4_stochastic_rounding", True, figures={
-            "nvfp4_sr_compared": "nothing: the case needs no gradient GEMM, so no gradient is rounded"})]
-    return [nvfp4_stochastic_rounding(case.spec.id, case.backend_name, got)]
+    gradient_gemms = any(role in ("dgrad", "wgrad") for site in sites(case.spec) for role in site.roles())
+    return [nvfp4_stochastic_rounding(case.spec.id, case.backend_name, got, gradient_gemms)]
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:
