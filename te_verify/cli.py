@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from te_verify.run.passes import run_passes
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "cases"
 
@@ -42,6 +44,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         except ResumeError as exc:
             print(f"ERROR: {exc}", file=sys.stderr)
             return 4  # pytest's usage-error status, as the plugin's own refusal
+    passes = capability_passes(args, extra)
+    if passes:
+        return run_passes(passes, pass_args(args, extra), Path(args.report_dir or default_report_dir()))
     import pytest
 
     report_dir = Path(args.resume or args.report_dir or default_report_dir())
@@ -58,6 +63,38 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if _written(report_dir / "results.json") not in (None, before):  # not after a usage error: its line says it all
         print(f"te-verify: report in {report_dir}")
     return int(code)
+
+
+def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
+    """The main job's passes (te_verify.run.passes) on an emulated device; [] for one pass: a GPU (its capability
+    decides), a named --te-capability, a resumed run, or a TE build other than TE's Python over the emulation."""
+    import torch
+
+    from te_verify.backends.registry import TIER_DEFAULTS
+    from te_verify.run.passes import compile_python, plan
+    from te_verify.te.compile_path import torch_missing_api
+
+    named = any(a.split("=")[0] in ("--te-capability", "--pass-name") for a in extra)
+    if named or args.resume or torch.cuda.is_available() or (args.device or "cpu").startswith("cuda") \
+            or args.te_impl not in (None, "transformer_engine_cpu"):
+        return []
+    backends = args.backend or list(TIER_DEFAULTS[args.tier])
+    passes = plan(backends, bool(torch_missing_api()), compile_python())
+    if torch_missing_api() and not any(p.name.startswith("compile") for p in passes) and \
+            any(b.startswith("torch_compile_te") for b in backends):
+        print("te-verify: torch_compile_te runs here with TE's modules falling back to eager (this torch lacks TE's "
+              "compile API); scripts/bootstrap_compile.sh builds the environment where its compiled path runs",
+              file=sys.stderr)
+    return passes
+
+
+def pass_args(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The run's own arguments, for each pass (its backends, report folder and capability are the pass's)."""
+    out = ["--tier", args.tier]
+    for option in ("te_impl", "device", "shard", "case_timeout", "workers"):
+        if getattr(args, option) is not None:
+            out += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    return out + list(extra)
 
 
 def _written(path: Path) -> int | None:

@@ -14,10 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from te_verify import compat, environment, tmpdirs
 from te_verify.run import process_state
-from te_verify.te import compile_path
+from te_verify.te import api as te_api, compile_path
 from te_verify import device as run_device
 from te_verify.checks.leftovers import process_left_by_test
 from te_verify.checks.verdict import CheckFailures
@@ -35,7 +36,10 @@ from te_verify.report.results import outcome_of, reason_of
 from te_verify.report.stream import RowStream
 from te_verify.report.resume import ResumeError, done_nodeids, load_previous
 from te_verify.distributed.engines import engine
+from te_verify.distributed.wrappers import wrapper_unavailable
+from te_verify.matrix.capability import DEFAULT as DEFAULT_CAPABILITY, runs_at
 from te_verify.matrix.selection import select_pr
+from te_verify.run.passes import COMPILE_BACKENDS
 from te_verify.matrix.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"
@@ -66,6 +70,11 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "(default: cuda when available, else cpu)")
     group.addoption("--te-capability", default="sm90",
                     help="compute capability the tex emulation reports (sm89, sm90, sm100; default sm90)")
+    group.addoption("--capability-cases", action="store_true",
+                    help="on an emulated device, collect only the TE cases that run at --te-capability "
+                         "(te_verify.matrix.capability; te-verify run's capability passes set it)")
+    group.addoption("--pass-name", default=None,
+                    help="the header's name for this run as one pass of te-verify run's main job (set by it)")
     group.addoption("--expectations", default=str(ROOT / "expectations"),
                     help="folder of <backend>.toml known-gap files (default: the checkout's expectations/)")
     group.addoption("--pr-candidates", action="store_true",
@@ -134,6 +143,8 @@ class Session:
             "device": environment.device(),
             "devices": sorted({row["device"] for row in self.rows if row.get("device")}),  # one GPU per worker
             "shard": str(self.shard) if self.shard else None,
+            "pass": self.config.getoption("pass_name"),
+            "te_capability": te_api.capability(),
             "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
             "te_compile": compile_path.support_line(),
             "compat": sorted(self.compat | set(compat.APPLIED)),
@@ -154,8 +165,6 @@ def _availability(backend) -> str:
 
 def _activate_te_impl(choice: str | None, capability: str):
     """Resolve and activate --te-impl before any backend or thunder import (checked cheaply; TE loads on use)."""
-    from te_verify.te import api as te_api
-
     impl = te_api.resolve(choice, capability)
     te_api.activate(impl, capability)
     return impl
@@ -220,10 +229,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name, (backend, group) in groups.items():
         selection = None
         if session.tier == "pr" and not metafunc.config.getoption("pr_candidates") and group:
+            if name in COMPILE_BACKENDS:  # the pr tier's share of a compile backend: where TE's code compiles
+                group = [spec for spec in group if compile_path.compiles_somewhere(spec)]
             group, selection = select_pr(module.FAMILY, name, group)  # pairwise cover, weighted by cost
         runs += [CaseRun(spec, name, backend, selection) for spec in group]
     # indirect: the `case` fixture below skips a backend that is unavailable here, with its reason
-    metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}" for r in runs], indirect=True)
+    runs = capability_pass(metafunc.config, module.LANE, runs)  # after the pr selection, which stays the tier's
+    suffix = capability_suffix(module.LANE)
+    metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}{suffix}" for r in runs], indirect=True)
+
+
+def _emulated_capability(lane: str) -> str | None:
+    """The emulated compute capability a TE-lane case runs at (None: another lane, or a GPU's own)."""
+    return te_api.capability() if lane == "te" and not torch.cuda.is_available() else None
+
+
+def capability_pass(config: pytest.Config, lane: str, runs: list[CaseRun]) -> list[CaseRun]:
+    """With --capability-cases on an emulated device: the TE cases that run at this capability; other lanes run
+    in the default capability's pass only."""
+    if not config.getoption("capability_cases") or torch.cuda.is_available():
+        return runs
+    here = te_api.capability()
+    if lane != "te":
+        return runs if here == DEFAULT_CAPABILITY else []
+    return [run for run in runs if runs_at(run.spec, here)]
+
+
+def capability_suffix(lane: str) -> str:
+    """A TE case's id names an emulated capability other than the default (the main job runs some at both)."""
+    here = _emulated_capability(lane)
+    return f"-{here}" if here not in (None, DEFAULT_CAPABILITY) else ""
 
 
 @pytest.fixture
@@ -237,6 +272,9 @@ def case(request: pytest.FixtureRequest) -> CaseRun:
     missing = trainer.unavailable() if trainer is not None else None
     if missing:
         pytest.skip(f"engine {run.backend_name} unavailable: {missing}")
+    missing = wrapper_unavailable(run.backend_name) if run.backend is None else None
+    if missing:
+        pytest.skip(f"wrapper {run.backend_name} unavailable: {missing}")
     return run
 
 
@@ -363,6 +401,8 @@ def row_of(item: pytest.Item) -> dict:
         "compat": list(compat.APPLIED),
         "device": str(run_device.active()),
     }
+    if module is not None and getattr(module, "LANE", None) == "te":
+        row["te_capability"] = te_api.capability()
     if run is not None and run.selection is not None:
         row["selection"] = run.selection
     if item.stash.get(DRAWN_GAPS, None):

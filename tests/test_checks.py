@@ -62,3 +62,24 @@ def test_same_exception_class_at_same_pass_passes():
     eager = CaseRun(frozen_all, "eager", EagerBackend())
     assert eager.run().error_pass == 1  # nothing requires grad: backward raises in eager too
     CaseRun(frozen_all, "thunder", resolve_backend("thunder")).verify()
+
+
+def test_per_rank_checks_observe_nothing_when_no_rank_completed():
+    """Ranks that all raised (thunder's wrappers where thunder does not import) leave dist_output_parity and
+    dist_state_left_behind nothing to compare: not observed, blamed on dist_grad_parity, never a pass; one rank
+    that completed is compared."""
+    import torch
+
+    from te_verify.checks.dist_parity import dist_output_parity, dist_state_left_behind
+    from te_verify.checks.tolerances import Tolerance
+    from te_verify.record import Record
+
+    tol = Tolerance(1e-6, 1e-6, "test")
+    ref = Record("eager", output=torch.ones(2), grads=[{"w": torch.ones(2)}])
+    dead = [Record("thunder_ddp", error=ImportError("thunder failed to import")) for _ in range(2)]
+    for check in (dist_output_parity, dist_state_left_behind):
+        verdict = check("c", "thunder_ddp", ref, dead, tol)
+        assert not verdict.ok and "not observed: none of the 2 ranks completed" in verdict.message
+        assert verdict.blocked_by == "dist_grad_parity"
+    alive = Record("ddp", output=torch.ones(2), grads=[{"w": torch.ones(2)}])
+    assert dist_output_parity("c", "ddp", ref, [alive, dead[0]], tol).ok

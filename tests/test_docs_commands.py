@@ -116,16 +116,16 @@ SMALLEST: dict[str, Smallest] = {
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
     # docs/tiers.md
     "bash scripts/proofs.sh": Smallest(None, "the pr-tier proofs (minutes); the test command runs them at smoke"),
-    # docs/te-compile.md: the torch 2.14.1 environment (5.4 GB, minutes to install) and runs in it; the pinned one.
-    "bash scripts/bootstrap_torch214.sh": Smallest(None, "installs torch 2.14.1 with its CUDA libraries (5.4 GB)"),
+    # docs/te-compile.md: the compile environment (torch 2.15.0) (5.4 GB, minutes to install) and runs in it; the pinned one.
+    "bash scripts/bootstrap.sh --compile": Smallest(None, "installs torch 2.15.0 with its CUDA libraries (5.7 GB)"),
     "bash scripts/run_torch_compile_te.sh": Smallest(
-        None, "bootstraps .venv-torch214 first; tests/test_te_compile.py runs the compiled-path tests there"),
+        None, "bootstraps .venv-compile first; tests/test_te_compile.py runs the compiled-path tests there"),
     "bash scripts/run_torch_compile_te.sh --tier nightly --backend torch_compile_te --backend torch_compile_te_inductor "
-    "--report-dir reports/torch214-nightly": Smallest(None, "the nightly tier in .venv-torch214: the nightly workflow"),
+    "--report-dir reports/torch214-nightly": Smallest(None, "the nightly tier in .venv-compile: the nightly workflow"),
     "bash scripts/run_torch_compile_te.sh --tier pr --backend torch_compile_te --te-capability sm100 --report-dir "
-    "reports/torch214-sm100": Smallest(None, "the pr tier in .venv-torch214 at sm100: minutes"),
+    "reports/torch214-sm100": Smallest(None, "the pr tier in .venv-compile at sm100: minutes"),
     "python scripts/upstream/te_compiled_nvfp4_wgrad.py --cpu": Smallest(
-        None, "needs torch 2.14 (.venv-torch214); the torch_compile_te NVFP4 entries hold the same gap"),
+        None, "needs torch 2.14 (.venv-compile); the torch_compile_te NVFP4 entries hold the same gap"),
     "pytest cases/ --tier pr -n 2 --backend torch_compile_te": Smallest(
         None, "minutes; tests/test_te_compile.py runs one torch_compile_te case through the plugin"),
 }

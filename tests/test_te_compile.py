@@ -2,8 +2,8 @@
 of that path; the header names the torch TE's path needs.
 
 On torch < 2.14 (the pinned stack) TE disables its compiled path: rows say "fallback" with TE's words and the check is
-not applicable. Tests of the compiled path itself need torch >= 2.14: they skip here and run in .venv-torch214
-(test_compiled_path_tests_in_the_torch214_environment), where a compiled TE Linear planted to compute wgrad for a
+not applicable. Tests of the compiled path itself need torch >= 2.14: they skip here and run in .venv-compile
+(test_compiled_path_tests_in_the_compile_environment), where a compiled TE Linear planted to compute wgrad for a
 frozen weight fails gemm_work naming the layer, its clean twin passes, a fallback planted where TE's code compiles
 fails te_compile_path, and delayed scaling is reported as the fallback TE's code gives it.
 """
@@ -30,10 +30,10 @@ from te_verify.spec import CUSTOM_FACTORIES, RECIPES, CaseSpec, TEConfig
 from planted_te_compile import PLANTED_REASON, compiled_wgrad_for_frozen, falls_back_where_te_compiles
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH214 = ROOT / ".venv-torch214" / "bin" / "python"
+COMPILE_PYTHON = ROOT / ".venv-compile" / "bin" / "python"
 HAS_API = not compile_path.torch_missing_api()
 needs_te_compile_path = pytest.mark.skipif(not HAS_API,
-                                           reason=f"needs {compile_path.TORCH_NEEDED}: runs in .venv-torch214")
+                                           reason=f"needs {compile_path.TORCH_NEEDED}: runs in .venv-compile")
 FROZEN_1010 = (True, False, True, False)
 # High precision, layers 0 and 2 frozen (weight and bias), input needing no grad: layer 2's backward runs (layer 1
 # trains), its wgrad must not; layer 0 has no backward at all.
@@ -208,11 +208,11 @@ def test_delayed_scaling_is_reported_as_te_s_fallback(te_python):
 
 
 @pytest.mark.skipif(HAS_API, reason="this torch runs the compiled-path tests in place")
-@pytest.mark.skipif(not TORCH214.exists(), reason="no .venv-torch214: bash scripts/bootstrap_torch214.sh")
-def test_compiled_path_tests_in_the_torch214_environment():
+@pytest.mark.skipif(not COMPILE_PYTHON.exists(), reason="no .venv-compile: bash scripts/bootstrap.sh --compile")
+def test_compiled_path_tests_in_the_compile_environment():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.run([str(TORCH214), "-m", "pytest", "tests/test_te_compile.py", "-p", "no:cacheprovider", "-q",
-                           "-W", "ignore", "-k", "not torch214_environment"], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([str(COMPILE_PYTHON), "-m", "pytest", "tests/test_te_compile.py", "-p", "no:cacheprovider", "-q",
+                           "-W", "ignore", "-k", "not compile_environment"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     # Everything but the old-torch test ran there and passed.

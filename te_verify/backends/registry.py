@@ -62,14 +62,13 @@ BUILTINS: dict[str, tuple[str, Callable[[], Backend]]] = {
 # no import of their libraries.
 DIST_WRAPPERS = WRAPPERS
 
-# Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here). torch_compile_te and
-# its inductor variant are in no default: with the pinned torch 2.13 every TE module falls back to eager (521 nightly
-# rows, ~4,500 case-seconds, each a fallback), so they run where TE's compiled path runs, torch 2.14's environment
-# (scripts/run_torch_compile_te.sh, the nightly workflow's torch_compile_te job); tests/test_te_compile.py holds
-# their rows here.
+# Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here). torch_compile_te's
+# pr share is the cases where TE's code compiles (plugin; a fallback runs TE eagerly, as te_eager's cases do);
+# `te-verify run` routes it to the compile environment, where TE's compiled path runs (te_verify.run.passes). Its
+# inductor variant and its nightly tier run in the nightly workflow's torch_compile_te job.
 TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
     "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
-    "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),
+    "pr": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", "torch_compile_te", *DIST_WRAPPERS),
     "nightly": ("eager", "thunder", "torch_compile", "torch_compile_dynamic", "torch_compile_inductor", "te_eager",
                 "thunder_te", *DIST_WRAPPERS),
 }

@@ -11,7 +11,7 @@ from te_verify.checks.parity import grad_mismatches, worst_errors
 from te_verify.checks.presence import presence_problems
 from te_verify.checks.state import output_parity, state_left_behind
 from te_verify.checks.tolerances import Tolerance
-from te_verify.checks.verdict import Verdict
+from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.record import Record
 
 
@@ -43,6 +43,9 @@ def _per_rank(name: str, check, case_id: str, backend: str, ref: Record, ranks: 
     (a rank that did not complete is dist_grad_parity's to report)."""
     verdicts = [(rank, check(case_id, f"{backend} rank {rank}", ref, got, tol))
                 for rank, got in enumerate(ranks) if got.error is None and got.grads]
+    if not verdicts:  # nothing to compare is never a pass; dist_grad_parity names why the ranks did not complete
+        return not_observed(name, case_id, backend, f"none of the {len(ranks)} ranks completed",
+                            {"ranks_compared": 0}, blocked_by="dist_grad_parity")
     figures = {k: v for _, verdict in verdicts for k, v in verdict.figures.items()}
     problems = [verdict.message for _, verdict in verdicts if not verdict.ok]
     return Verdict(name, not problems, "\n".join(problems), figures)

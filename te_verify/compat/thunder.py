@@ -14,6 +14,9 @@ from types import ModuleType
 from te_verify.compat import thunder_named_tensors, thunder_te_cpu
 
 TE_EXECUTOR_IMPL = "thunder.executors.transformer_engineex_impl"
+# The first import failure's message: a failed import leaves thunder half-registered in sys.modules, and trying again
+# fails for that instead ("ProxyTag.STATIC_MEMORY_LOCATION is already registered"), hiding the cause.
+_FAILURE: list[str] = []
 
 
 def import_thunder() -> ModuleType:
@@ -21,6 +24,8 @@ def import_thunder() -> ModuleType:
     from te_verify.te import api as te_api
     from te_verify.te import tecpu
 
+    if _FAILURE:
+        raise ImportError(_FAILURE[0])
     thunder_named_tensors.apply()
     try:
         te_api.ensure_te_importable()
@@ -29,5 +34,6 @@ def import_thunder() -> ModuleType:
         if impl is not None and tecpu.booted() is not None:
             thunder_te_cpu.apply(impl)
     except Exception as exc:  # thunder import errors surface as AttributeError/RuntimeError too
-        raise ImportError(f"thunder failed to import: {type(exc).__name__}: {exc}") from exc
+        _FAILURE.append(f"thunder failed to import: {type(exc).__name__}: {exc}")
+        raise ImportError(_FAILURE[0]) from exc
     return thunder

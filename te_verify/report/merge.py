@@ -58,15 +58,20 @@ def _check_compatible(reports: list[ShardReport]) -> None:
         if report.results["header"].get("tier") != tier:
             raise MergeError(f"{report.folder}: tier {report.results['header'].get('tier')!r} differs from "
                              f"{first.folder}'s {tier!r}")
-    seen: dict[str, Path] = {}
-    for report in reports:
-        shard = report.results["header"].get("shard")
-        if shard is not None and shard in seen:
-            raise MergeError(f"shard {shard} is in both {seen[shard]} and {report.folder}")
+    seen: dict[tuple[str | None, str], Path] = {}
+    for report in reports:  # a shard once per pass (te-verify run's capability and environment passes)
+        header = report.results["header"]
+        shard, key = header.get("shard"), (header.get("pass"), header.get("shard"))
+        if shard is not None and key in seen:
+            raise MergeError(f"shard {shard}{_of_pass(key[0])} is in both {seen[key]} and {report.folder}")
         if shard is not None:
-            seen[shard] = report.folder
-    if len({shard.split("/")[1] for shard in seen}) > 1:
-        raise MergeError(f"shards of different splits: {', '.join(sorted(seen))}")
+            seen[key] = report.folder
+    if len({shard.split("/")[1] for _, shard in seen}) > 1:
+        raise MergeError(f"shards of different splits: {', '.join(sorted({shard for _, shard in seen}))}")
+
+
+def _of_pass(name: str | None) -> str:
+    return f" of pass {name}" if name else ""
 
 
 def merged_rows(reports: list[ShardReport]) -> list[dict]:
@@ -90,7 +95,7 @@ def missing_shards(reports: list[ShardReport]) -> list[str]:
     if not shards:
         return []
     total = int(shards[0].split("/")[1])
-    return [f"{k}/{total}" for k in range(1, total + 1) if f"{k}/{total}" not in shards]
+    return [f"{k}/{total}" for k in range(1, total + 1) if f"{k}/{total}" not in shards]  # in any pass
 
 
 def merged_header(reports: list[ShardReport]) -> dict:
@@ -103,12 +108,16 @@ def merged_header(reports: list[ShardReport]) -> dict:
         shard=None,
         shards=sorted(h["shard"] for h in headers if h.get("shard")),
         merged_from=[{"source": str(r.folder), "run_id": h.get("run_id"), "shard": h.get("shard"),
-                      "device": h.get("device")} for r, h in zip(reports, headers)],
+                      "pass": h.get("pass"), "te_capability": h.get("te_capability"), "device": h.get("device"),
+                      "versions": h.get("versions"), "te_compile": h.get("te_compile")}
+                     for r, h in zip(reports, headers)],
+        passes=sorted({h["pass"] for h in headers if h.get("pass")}),
         devices=sorted({d for h in headers for d in h.get("devices") or []}),
         compat=sorted({step for h in headers for step in h.get("compat") or []}),
         backends={k: v for h in headers for k, v in (h.get("backends") or {}).items()},
         backend_paths={k: v for h in headers for k, v in (h.get("backend_paths") or {}).items()},
     )
+    _per_pass(header, headers, "te_compile")  # the compile environment's torch has TE's compile path, sm90's not
     partial = [h["incomplete"] for h in headers if h.get("incomplete")]
     header.pop("incomplete", None)
     if partial:  # a killed shard: the merge is incomplete by what it never ran
@@ -118,6 +127,13 @@ def merged_header(reports: list[ShardReport]) -> dict:
                                 "never_ran": [n for p in partial for n in p["never_ran"]],
                                 "why": "; ".join(dict.fromkeys(p["why"] for p in partial if p.get("why"))) or None}
     return header
+
+
+def _per_pass(header: dict, headers: list[dict], key: str) -> None:
+    """A header line that differs between passes is kept per pass ("pass sm90: ... | pass compile-sm90: ...")."""
+    lines = {h.get("pass") or h.get("run_id"): h.get(key) for h in headers if h.get(key)}
+    if len(set(lines.values())) > 1:
+        header[key] = " | ".join(f"pass {name}: {line}" for name, line in lines.items())
 
 
 def merge_junit(reports: list[ShardReport], out: Path) -> bool:

@@ -81,3 +81,9 @@ def expected_fallback(spec: CaseSpec, first_microbatch_passed: bool) -> list[str
     if te.recipe is not None and RECIPE_CLASSES.get(te.recipe) not in OPAQUE_RECIPE_CLASSES:
         reasons.append(NOT_OPAQUE)
     return reasons
+
+
+def compiles_somewhere(spec: CaseSpec) -> bool:
+    """Whether TE's code gives this case's modules the compiled path in an environment whose torch has the API
+    (the pr tier's torch_compile_te candidates: a fallback runs TE eagerly, which te_eager's cases already judge)."""
+    return not [r for r in expected_fallback(spec, first_microbatch_passed=False) if r != environment_reason()]

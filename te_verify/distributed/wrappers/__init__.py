@@ -19,7 +19,7 @@ from te_verify.distributed.wrappers.ddp import wrap_ddp
 from te_verify.distributed.wrappers.fairscale import wrap_fairscale
 from te_verify.distributed.wrappers.fsdp import wrap_fsdp1
 from te_verify.distributed.wrappers.fsdp2 import wrap_fsdp2
-from te_verify.distributed.wrappers.thunder import wrap_thunder
+from te_verify.distributed.wrappers.thunder import thunder_unavailable, wrap_thunder
 from te_verify.spec import WRAPPERS as ALL_WRAPPERS, CaseSpec
 
 WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
@@ -30,6 +30,15 @@ WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
     "thunder_ddp": wrap_thunder,
     "thunder_fsdp": wrap_thunder,
 }
+
+# Wrappers that need more than torch, and why they cannot run in this environment (None: they can).
+UNAVAILABLE: dict[str, Callable[[], str | None]] = {"thunder_ddp": thunder_unavailable, "thunder_fsdp": thunder_unavailable}
+
+
+def wrapper_unavailable(name: str) -> str | None:
+    """Why the built-in wrapper `name` cannot run here (None: it can): its cases skip with the reason."""
+    check = UNAVAILABLE.get(name)
+    return check() if check is not None else None
 
 
 def wrap(model: nn.Sequential, spec: CaseSpec) -> Wrapped:

@@ -17,6 +17,15 @@ from te_verify.distributed.types import Wrapped, WrapperError, options
 from te_verify.spec import CaseSpec
 
 
+def thunder_unavailable() -> str | None:
+    """Why thunder's wrappers cannot run here (thunder does not import: e.g. 0.2.6 on torch >= 2.14, thunder#2833)."""
+    try:
+        import_thunder()
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def _gather_dim0(shard: torch.Tensor, rows: int) -> torch.Tensor:
     parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, shard.contiguous())
