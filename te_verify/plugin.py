@@ -28,6 +28,7 @@ from te_verify.expectations.judge import Judgement, check_results, judge
 from te_verify.backends.registry import BackendError, DIST_WRAPPERS, TIER_DEFAULTS, lane_of, resolve_backend
 from te_verify.run.caserun import CaseRun
 from te_verify.compat import thunder_named_tensors
+from te_verify.compat.versions import unmeasured
 from te_verify.distributed.declare import declared_wrapper
 from te_verify.matrix.tiers import TierError, check_tier
 from te_verify.report.repro import repro_hint
@@ -148,6 +149,7 @@ class Session:
             "te_impl": {"name": self.te_impl.name, "why": self.te_impl.why, "ran": self.te_impl.describe},
             "te_compile": compile_path.support_line(),
             "compat": sorted(self.compat | set(compat.APPLIED)),
+            "unmeasured_versions": unmeasured(),  # releases outside the ranges measured here (docs/versions.md)
             "backends": {b.name: _availability(b) for b in self.backends.values()},
             "dist_wrappers": list(self.dist_wrappers),
             "backend_paths": {**{b.name: n for n, b in self.backends.items()},

@@ -95,3 +95,12 @@ def test_a_shard_merges_once_per_pass_and_the_header_keeps_each_pass(tmp_path):
     again = _report(tmp_path / "c", "sm90", "1/2", te_case())
     with pytest.raises(MergeError, match="shard 1/2 of pass sm90 is in both"):
         merge([sm90, again], tmp_path / "out2")
+
+
+def test_a_release_outside_the_measured_range_is_a_header_warning_not_a_refusal():
+    from te_verify.compat.versions import outside
+
+    assert outside("deepspeed", "0.19.8") is None and outside("torch", "2.15.0+cu132") is None
+    assert outside("deepspeed", "0.18.9") == ("deepspeed 0.18.9 is outside the measured 0.19.8 to 0.19.8: runs anyway; "
+                                              "docs/versions.md")
+    assert outside("torch", "2.16.0") and outside("numpy", "9.0") is None  # untracked: no line

@@ -43,9 +43,7 @@ def package_dir() -> Path:
 
 
 def test_every_async_collective_of_megatron_fsdp_is_in_the_module_sync_step_confines():
-    from te_verify.distributed.engines.megatron_fsdp import check_version
-
-    check_version()  # the scan's verdict is about the version SYNC_STEP is written for
+    # The scan is about the installed release, whatever its version: SYNC_STEP must cover every async collective
     files = sorted(package_dir().glob("*.py"))
     outside = [hit for f in files if f.name != CONFINED for hit in async_collectives(f.read_text(), f.name)]
     inside = async_collectives((package_dir() / CONFINED).read_text(), CONFINED)

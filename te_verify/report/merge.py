@@ -114,6 +114,7 @@ def merged_header(reports: list[ShardReport]) -> dict:
         passes=sorted({h["pass"] for h in headers if h.get("pass")}),
         devices=sorted({d for h in headers for d in h.get("devices") or []}),
         compat=sorted({step for h in headers for step in h.get("compat") or []}),
+        unmeasured_versions=sorted({line for h in headers for line in h.get("unmeasured_versions") or []}),
         backends={k: v for h in headers for k, v in (h.get("backends") or {}).items()},
         backend_paths={k: v for h in headers for k, v in (h.get("backend_paths") or {}).items()},
     )

@@ -129,6 +129,9 @@ def render_summary(results: dict[str, Any]) -> str:
         *([f"Shard {header['shard']}"] if header.get("shard") else []),
         *([f"Merged from shards {', '.join(header['shards'])}"] if header.get("shards") else []),
         "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
+        *[f"WARNING: unmeasured version: {line}" for line in header.get("unmeasured_versions") or []],
+        *([f"Passes: {', '.join(header['passes'])} (emulated capability and environment; te_verify/run/passes.py)"]
+          if header.get("passes") else []),
         *te_compile_lines(header, rows),
         "",
         "## Outcomes (family x backend)",

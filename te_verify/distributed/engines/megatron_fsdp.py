@@ -40,7 +40,6 @@ there raises):
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import types
 
@@ -60,7 +59,6 @@ from te_verify.training import TrainStep, default_backward, sgd
 from te_verify.distributed.types import Wrapped, WrapperError, options, param_slots, units_of
 from te_verify.spec import CaseSpec
 
-SUPPORTED = "0.6.1"
 CPU_STEP = ("megatron-fsdp-cpu-device: megatron-fsdp 0.6.1 on CPU; confined per module, any other torch.cuda call "
             "raises: megatron_fsdp.megatron_fsdp current_device (answers index 0, only formatted into 'cuda:{}' for "
             "a device-mismatch warning) and Stream (CPU program order); megatron_fsdp.param_and_grad_buffer "
@@ -82,17 +80,10 @@ GRADS_SHARDED = ("optim_grads", "optim_grads_params")
 OPTIONS = {"zero_dp_strategy", "overlap", "sync_model_each_microbatch", "microbatches"}
 
 
-def check_version() -> None:
-    version = importlib.metadata.version("megatron-fsdp")
-    if version != SUPPORTED:
-        raise WrapperError(f"megatron-fsdp {version}: te_verify's steps for it are written for {SUPPORTED} only")
-
-
 def own_config() -> None:
     """megatron_fsdp.fully_shard's DistributedDataParallelConfig: the package's own (CONFIG_STEP)."""
     import importlib
 
-    check_version()
     entry = importlib.import_module("megatron_fsdp.fully_shard")
     own = importlib.import_module("megatron_fsdp.distributed_data_parallel_config").DistributedDataParallelConfig
     if entry.DistributedDataParallelConfig is not own:
@@ -101,7 +92,6 @@ def own_config() -> None:
 
 
 def cpu_step() -> None:
-    check_version()
     # current_device is formatted into "cuda:{}" there (see the module docstring): it answers the index 0.
     confine("megatron_fsdp.megatron_fsdp", ("Stream",), CPU_STEP, answers={"current_device": lambda: 0})
     buffers = confine("megatron_fsdp.param_and_grad_buffer", ("current_stream", "stream", "empty_cache"), CPU_STEP)

@@ -11,7 +11,7 @@ per layer, because flatten_parameters needs uniform requires_grad per unit.
 """
 from __future__ import annotations
 
-import importlib.metadata
+import importlib
 import os
 from types import ModuleType
 
@@ -24,7 +24,6 @@ from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.types import Wrapped, WrapperError, options
 from te_verify.spec import CaseSpec
 
-SUPPORTED = "0.4.13"
 STEP = ("fairscale-cpu-streams: fairscale 0.4.13 FSDP uses CUDA streams unconditionally; inside distributed "
         "ranks its torch.cuda stream calls and Tensor.record_stream are no-ops and "
         "ENABLE_NCCL_BASE_COLLECTIVES=0 (gloo)")
@@ -32,9 +31,6 @@ STEP = ("fairscale-cpu-streams: fairscale 0.4.13 FSDP uses CUDA streams uncondit
 
 def apply(device: torch.device) -> ModuleType:
     """Install the layer (once per process, whose ranks run on the CPU) and return fairscale's FSDP module."""
-    version = importlib.metadata.version("fairscale")
-    if version != SUPPORTED:
-        raise RuntimeError(f"fairscale {version}: te_verify's CPU compatibility layer is written for {SUPPORTED} only")
     if device.type == "cuda":
         return importlib.import_module("fairscale.nn.data_parallel.fully_sharded_data_parallel")
     os.environ["ENABLE_NCCL_BASE_COLLECTIVES"] = "0"  # read at fairscale import time
