@@ -17,16 +17,10 @@ from te_verify.backends.base import Backend
 from te_verify.distributed.types import (Slot, Wrapped, grad_of, param_slots, param_tensors, storage_bytes, units_of,
                                          value_of)
 from te_verify.spec import CaseSpec, DistConfig, ModelConfig, SpecError, TEConfig
-from te_verify.te.api import LINEAR_KEYWORDS, REQUIRED, TEImpl, TEImplError, active, resolve
+# The TE build API under names that say so here (in te_verify.te.api they are read beside TE's own).
+from te_verify.te.api import LINEAR_KEYWORDS as TE_LINEAR_KEYWORDS, REQUIRED as TE_REQUIRED_NAMES, TEImpl, TEImplError
+from te_verify.te.api import active as active_te_impl, resolve as resolve_te_impl
 from te_verify.training import StateBytes, TrainStep, optimizer_for, optimizer_step, sgd
-
-# TE build API (`--te-impl package.module`): the names a build must expose, the keywords its Linear must take, the
-# chosen implementation and how to resolve one (a build patching TE's own Python resolves "transformer_engine_cpu"
-# or "transformer_engine" and reads `.api`).
-TE_REQUIRED_NAMES = REQUIRED  # names a --te-impl module must expose (besides autocast or fp8_autocast)
-TE_LINEAR_KEYWORDS = LINEAR_KEYWORDS  # keywords its Linear must take (TE's bias, params_dtype, device)
-resolve_te_impl = resolve  # the TEImpl for a --te-impl value (None: this machine's default); TEImplError if unusable
-active_te_impl = active  # the TEImpl the TE backends use in this process
 
 __all__ = [
     # Your own backend (`--backend package.module:attr`).
@@ -53,10 +47,11 @@ __all__ = [
     "ModelConfig",  # its model-family part (kind, blocks, LoRA, frozen stages)
     "SpecError",  # raised for a spec that cannot exist, naming the field
     # Your own TE build (`--te-impl package.module`).
-    "TE_REQUIRED_NAMES",
-    "TE_LINEAR_KEYWORDS",
+    "TE_REQUIRED_NAMES",  # names a --te-impl module must expose (besides autocast or fp8_autocast)
+    "TE_LINEAR_KEYWORDS",  # keywords its Linear must take (TE's bias, params_dtype, device)
     "TEImpl",  # a resolved implementation: name, kind, describe, and `.api` (its namespace, loaded on first use)
     "TEImplError",  # an unknown or unusable --te-impl, in one line
-    "resolve_te_impl",
-    "active_te_impl",
+    "resolve_te_impl",  # the TEImpl of a --te-impl value (None: this machine's default); a build patching TE's own
+    #                     Python resolves "transformer_engine_cpu" (or "transformer_engine") and reads its `.api`
+    "active_te_impl",  # the TEImpl the TE backends use in this process
 ]
