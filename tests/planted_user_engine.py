@@ -12,7 +12,6 @@ from te_verify.api import CaseSpec, Wrapped
 
 class DecayingFlatAllReduceSGD(FlatAllReduceSGD):
     name = "decaying_flat_allreduce_sgd"
-    families = ("dist_ddp",)
 
     def wrap(self, model: nn.Module, spec: CaseSpec) -> Wrapped:
         wrapped = super().wrap(model, spec)

@@ -168,11 +168,11 @@ def test_te_impl_te_verify_reference_still_runs_a_te_family(tmp_path):
 def test_a_users_engine_on_the_public_module_passes_and_its_planted_twin_fails(tmp_path):
     """examples/user_engine.py trains under its name and is judged like an engine (params_after_steps,
     engine_state); the same engine decaying its frozen weights fails params_after_steps alone, naming them."""
-    done, rows = run_cases(tmp_path, (ENGINE, PLANTED_ENGINE), "cases/test_dist_ddp.py", "cases/test_dist_lora.py")
+    done, rows = run_cases(tmp_path, (ENGINE, PLANTED_ENGINE), "cases/test_dist_ddp.py")
     clean = [r for r in rows if r["backend"] == "flat_allreduce_sgd"]
     planted = [r for r in rows if r["backend"] == "decaying_flat_allreduce_sgd"]
     assert done.returncode == 1 and len(rows) == len(clean) + len(planted), done.stdout[-3000:]
-    assert {r["family"] for r in clean} == {"dist_ddp", "dist_lora"} and {r["outcome"] for r in clean} == {"passed"}
+    assert clean and {r["outcome"] for r in clean} == {"passed"}
     assert all({"params_after_steps", "engine_state"} <= set(r["checks"]) for r in clean)
     assert planted and {r["outcome"] for r in planted} == {"failed"}
     failing = [({c for c, v in r["checks"].items() if v != "passed"}, r["reason"]) for r in planted]
