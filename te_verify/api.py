@@ -17,7 +17,7 @@ from te_verify.backends.base import Backend
 from te_verify.distributed.types import (Slot, Wrapped, grad_of, param_slots, param_tensors, storage_bytes, units_of,
                                          value_of)
 from te_verify.spec import CaseSpec, DistConfig, ModelConfig, SpecError, TEConfig
-# The TE build API under names that say so here (in te_verify.te.api they are read beside TE's own).
+# The TE build API, renamed: beside the other names here, REQUIRED, resolve and active would not say they are TE's.
 from te_verify.te.api import LINEAR_KEYWORDS as TE_LINEAR_KEYWORDS, REQUIRED as TE_REQUIRED_NAMES, TEImpl, TEImplError
 from te_verify.te.api import active as active_te_impl, resolve as resolve_te_impl
 from te_verify.training import StateBytes, TrainStep, optimizer_for, optimizer_step, sgd
