@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from te_verify.distributed.types import Wrapped, grad_of, param_slots, param_tensors, units_of, value_of
-from te_verify.spec import CaseSpec
+from te_verify.api import CaseSpec, Wrapped, grad_of, param_slots, param_tensors, units_of, value_of
 
 
 def _all_reduce_grads(model: nn.Module) -> None:

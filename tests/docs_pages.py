@@ -48,14 +48,17 @@ class Page(NamedTuple):
     blocks: list[tuple[str, str]]
     # The text outside fenced blocks.
     prose: str
+    # The page's line number of each block's first body line, in the order of `blocks`.
+    starts: tuple[int, ...] = ()
 
 
 def read_page(path: Path) -> Page:
-    blocks, prose, fence = [], [], None
-    for line in path.read_text().splitlines():
+    blocks, prose, fence, starts = [], [], None, []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         stripped = line.strip()
         if fence is None and stripped.startswith("```"):
             fence, body = stripped[3:].strip() or "text", []
+            starts.append(number + 1)
         elif fence is not None and stripped == "```":
             blocks.append((fence, "\n".join(body)))
             fence = None
@@ -63,7 +66,7 @@ def read_page(path: Path) -> Page:
             body.append(line)
         else:
             prose.append(line)
-    return Page(path, blocks, "\n".join(prose))
+    return Page(path, blocks, "\n".join(prose), tuple(starts[:len(blocks)]))
 
 
 def commands(page: Page) -> list[str]:

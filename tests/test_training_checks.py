@@ -17,7 +17,7 @@ from te_verify.distributed.rank.observe import CollectiveCounter
 from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.training import StateBytes
 from te_verify.training import LR
-from te_verify.matrix.dist import MIDDLE, _spec
+from te_verify.matrix.dist import LORA_QV, MIDDLE, _lora_spec, _spec
 from te_verify.models import frozen_at_backward, make_inputs
 
 TOL = Tolerance(rtol=1.3e-6, atol=1e-5, source="test")
@@ -36,6 +36,16 @@ def test_eager_trajectory_is_sgd_on_the_global_batch_and_leaves_frozen_parameter
         torch.testing.assert_close(steps[0][name], value)
     assert torch.equal(steps[1]["1.weight"], model[1].weight.detach())  # frozen middle layer
     assert not torch.equal(steps[1]["0.weight"], steps[0]["0.weight"])  # momentum keeps it moving
+
+
+def test_the_fp64_trajectory_of_a_token_model_keeps_its_ids_integer():
+    """A declared engine may run dist_lora's LitGPT cases: the fp64 truth casts the model, never its token ids."""
+    spec = _lora_spec("ddp", LORA_QV, kind="litgpt_lora")
+    assert not make_inputs(spec).x.is_floating_point()
+    steps = eager_trajectory(spec, torch.float64)
+    assert len(steps) == spec.iterations and all(t.dtype == torch.float64 for t in steps[-1].values())
+    adapter = "transformer.h.0.attn.qkv.lora_A"  # it trains: each step moves it
+    assert not torch.equal(steps[-1][adapter], steps[0][adapter]) and bool(steps[-1][adapter].isfinite().all())
 
 
 def _after(steps, **changes):

@@ -23,16 +23,19 @@ NAME = "flat_allreduce_dp"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
 
 
-def _pytest(tmp_path: Path, backend: str, *files: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def run_cases(tmp_path: Path, backends: tuple[str, ...], *files: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The smoke cases of `files` on each of `backends`, in a pytest of their own with the checkout on the path of the
+    ranks too: its process and its rows."""
     command = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "--tier", "smoke",
-               "--backend", backend, "--report-dir", str(tmp_path)]
+               *(arg for backend in backends for arg in ("--backend", backend)), "--report-dir", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     results = tmp_path / "results.json"
     return done, json.loads(results.read_text())["rows"] if results.exists() else []
 
 
 def test_the_example_runs_its_families_in_the_pool_under_its_name(tmp_path):
-    done, rows = _pytest(tmp_path, EXAMPLE, "cases/test_dist_ddp.py", "cases/test_dist_lora.py", "cases/test_dist_fsdp.py")
+    done, rows = run_cases(tmp_path, (EXAMPLE,), "cases/test_dist_ddp.py", "cases/test_dist_lora.py",
+                           "cases/test_dist_fsdp.py")
     assert done.returncode == 0, done.stdout[-3000:]
     assert rows and {r["outcome"] for r in rows} == {"passed"}
     assert {r["backend"] for r in rows} == {NAME} and {r["family"] for r in rows} == {"dist_ddp", "dist_lora"}
@@ -41,7 +44,7 @@ def test_the_example_runs_its_families_in_the_pool_under_its_name(tmp_path):
 
 
 def test_a_fault_in_a_users_wrapper_fails_under_its_name(tmp_path):
-    done, rows = _pytest(tmp_path, "planted_wrappers:PlantedSkippingDDP", "cases/test_dist_ddp.py")
+    done, rows = run_cases(tmp_path, ("planted_wrappers:PlantedSkippingDDP",), "cases/test_dist_ddp.py")
     assert done.returncode == 1 and rows and {r["outcome"] for r in rows} == {"failed"}
     assert {r["backend"] for r in rows} == {"planted_skipping_ddp"}
     assert all("backend planted_skipping_ddp" in r["reason"] and "grad of 0.weight" in r["reason"] for r in rows)

@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from te_verify import moved
+
 REQUIRED = ("Linear", "DelayedScaling", "Float8CurrentScaling", "is_fp8_available")
 # What every TE family builds Linear with (TE's own keywords); main_grad, delayed wgrad and `name` are optional.
 LINEAR_KEYWORDS = ("bias", "params_dtype", "device")
@@ -206,13 +208,15 @@ def _external(name: str) -> TEImpl:
         raise TEImplError(f"--te-impl {name!r}: cannot import it: {type(exc).__name__}: {exc}") from None
     api = _namespace(module)
     _check(name, api)
+    # An old path kept for one release (te_verify.moved) says so in the header: its warning is a developer's.
+    note = f"; a deprecated path, use --te-impl {moved.MODULES[name]}" if name in moved.MODULES else ""
     if _is_te_python(api.Linear):  # a build over TE's own Python: measured at the tex boundary like TE itself
         from te_verify.te import tecpu
 
         kind, over = (EMULATED, "TE's Python over the tex emulation") if tecpu.booted() else (REAL, "TE's Python")
-        return TEImpl(name, kind, f"--te-impl {name}", f"{name} (a user-supplied TE API module over {over})",
+        return TEImpl(name, kind, f"--te-impl {name}", f"{name} (a user-supplied TE API module over {over}{note})",
                       lambda: api)
-    return TEImpl(name, EXTERNAL, f"--te-impl {name}", f"{name} (a user-supplied TE API module)", lambda: api)
+    return TEImpl(name, EXTERNAL, f"--te-impl {name}", f"{name} (a user-supplied TE API module{note})", lambda: api)
 
 
 def _is_te_python(linear: type) -> bool:

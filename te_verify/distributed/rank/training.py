@@ -28,8 +28,9 @@ def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None) -> list[d
     spec's iterations; in `dtype` (float64: the truth the engines' trajectories are bounded by)."""
     inputs = make_inputs(spec)
     model, x, cotangent = frozen_at_backward(spec), inputs.x, inputs.grad_output
-    if dtype is not None:
-        model, x, cotangent = model.to(dtype), x.to(dtype), cotangent.to(dtype)
+    if dtype is not None:  # token ids (LitGPT, transformers) stay integers: an embedding takes no float64 index
+        model, cotangent = model.to(dtype), cotangent.to(dtype)
+        x = x.to(dtype) if x.is_floating_point() else x
     return training.eager_trajectory(model, x, cotangent, spec.iterations)
 
 

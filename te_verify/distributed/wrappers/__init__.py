@@ -9,18 +9,22 @@ the reshard-timing check uses.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from torch import nn
 
+from te_verify import moved
 from te_verify.distributed.engines import engine
-from te_verify.distributed.types import Wrapped, WrapperError
+from te_verify.distributed.types import WrapperError
 from te_verify.distributed.wrappers.ddp import wrap_ddp
 from te_verify.distributed.wrappers.fairscale import wrap_fairscale
 from te_verify.distributed.wrappers.fsdp import wrap_fsdp1
 from te_verify.distributed.wrappers.fsdp2 import wrap_fsdp2
 from te_verify.distributed.wrappers.thunder import thunder_unavailable, wrap_thunder
 from te_verify.spec import WRAPPERS as ALL_WRAPPERS, CaseSpec
+
+if TYPE_CHECKING:  # not bound at run time: the old `from te_verify.distributed.wrappers import Wrapped` must warn
+    from te_verify.distributed.types import Wrapped
 
 WRAPPERS: dict[str, Callable[[nn.Sequential, CaseSpec], Wrapped]] = {
     "ddp": wrap_ddp,
@@ -49,3 +53,8 @@ def wrap(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     if spec.dist is None or spec.dist.wrapper not in WRAPPERS:
         raise WrapperError(f"spec.dist={spec.dist!r}: expected a wrapper among {sorted(ALL_WRAPPERS)}")
     return WRAPPERS[spec.dist.wrapper](model, spec)
+
+
+# The wrapper helpers this package held before the reorganisation (Wrapped, grad_of, ...): importable from here, with
+# a DeprecationWarning, for one release (te_verify.moved).
+__getattr__ = moved.module_getattr(__name__)
