@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from te_verify.run.passes import run_passes
+from te_verify.passes import run_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "cases"
@@ -66,12 +66,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
-    """The main job's passes (te_verify.run.passes) on an emulated device; [] for one pass: a GPU (its capability
+    """The main job's passes (te_verify.passes) on an emulated device; [] for one pass: a GPU (its capability
     decides), a named --te-capability, a resumed run, or a TE build other than TE's Python over the emulation."""
     import torch
 
     from te_verify.backends.registry import TIER_DEFAULTS
-    from te_verify.run.passes import compile_python, plan
+    from te_verify.passes import compile_python, plan
     from te_verify.te.compile_path import torch_missing_api
 
     named = any(a.split("=")[0] in ("--te-capability", "--pass-name") for a in extra)

@@ -40,7 +40,7 @@ from te_verify.distributed.engines import engine
 from te_verify.distributed.wrappers import wrapper_unavailable
 from te_verify.matrix.capability import DEFAULT as DEFAULT_CAPABILITY, runs_at
 from te_verify.matrix.selection import select_pr
-from te_verify.run.passes import COMPILE_BACKENDS
+from te_verify.passes import COMPILE_BACKENDS
 from te_verify.matrix.shard import ShardError, selected_shard
 
 ROW_KEY = "te_verify_row"

@@ -1,4 +1,4 @@
-"""The main job's passes (te_verify.run.passes): every TE case at the capability it needs on an emulated device,
+"""The main job's passes (te_verify.passes): every TE case at the capability it needs on an emulated device,
 torch_compile_te in the environment where TE's compiled path runs, one merged report."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pytest_many import run_many
 from te_verify.matrix.capability import DEFAULT, capabilities
 from te_verify.matrix.stacks import SQUARE4
 from te_verify.report.merge import MergeError, merge
-from te_verify.run.passes import COMPILE_BACKENDS, Pass, command, exit_status, plan
+from te_verify.passes import COMPILE_BACKENDS, Pass, command, exit_status, plan
 from te_verify.spec import CaseSpec, TEConfig
 
 FROZEN = (True, False, True, False)

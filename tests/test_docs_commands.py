@@ -121,9 +121,9 @@ SMALLEST: dict[str, Smallest] = {
     "bash scripts/run_torch_compile_te.sh": Smallest(
         None, "bootstraps .venv-compile first; tests/test_te_compile.py runs the compiled-path tests there"),
     "bash scripts/run_torch_compile_te.sh --tier nightly --backend torch_compile_te --backend torch_compile_te_inductor "
-    "--report-dir reports/torch214-nightly": Smallest(None, "the nightly tier in .venv-compile: the nightly workflow"),
+    "--report-dir reports/compile-nightly": Smallest(None, "the nightly tier in .venv-compile: the nightly workflow"),
     "bash scripts/run_torch_compile_te.sh --tier pr --backend torch_compile_te --te-capability sm100 --report-dir "
-    "reports/torch214-sm100": Smallest(None, "the pr tier in .venv-compile at sm100: minutes"),
+    "reports/compile-sm100": Smallest(None, "the pr tier in .venv-compile at sm100: minutes"),
     "python scripts/upstream/te_compiled_nvfp4_wgrad.py --cpu": Smallest(
         None, "needs torch 2.14 (.venv-compile); the torch_compile_te NVFP4 entries hold the same gap"),
     "pytest cases/ --tier pr -n 2 --backend torch_compile_te": Smallest(

@@ -24,7 +24,7 @@ LAYERS = (
     ("distributed", ("distributed",)),
     ("expectations", ("expectations",)),
     ("report", ("report",)),
-    ("entry points", ("environment", "plugin", "case_timeout", "run_report", "cli", "distributed.__main__",
+    ("entry points", ("environment", "passes", "plugin", "case_timeout", "run_report", "cli", "distributed.__main__",
                       "distributed.torchrun_end", "__init__")),
     # What user code imports (te_verify.api) and the old paths kept for one release (te_verify.moved's MODULES; the
     # names that left a module are served by that module's own __getattr__).

@@ -64,7 +64,7 @@ DIST_WRAPPERS = WRAPPERS
 
 # Backends each tier runs when --backend is not given (inductor compiles take ~16 s a case here). torch_compile_te's
 # pr share is the cases where TE's code compiles (plugin; a fallback runs TE eagerly, as te_eager's cases do);
-# `te-verify run` routes it to the compile environment, where TE's compiled path runs (te_verify.run.passes). Its
+# `te-verify run` routes it to the compile environment, where TE's compiled path runs (te_verify.passes). Its
 # inductor variant and its nightly tier run in the nightly workflow's torch_compile_te job.
 TIER_DEFAULTS: dict[str, tuple[str, ...]] = {
     "smoke": ("eager", "thunder", "torch_compile", "te_eager", "thunder_te", *DIST_WRAPPERS),

@@ -130,7 +130,7 @@ def render_summary(results: dict[str, Any]) -> str:
         *([f"Merged from shards {', '.join(header['shards'])}"] if header.get("shards") else []),
         "Compatibility steps: " + ("; ".join(header.get("compat") or []) or "none"),
         *[f"WARNING: unmeasured version: {line}" for line in header.get("unmeasured_versions") or []],
-        *([f"Passes: {', '.join(header['passes'])} (emulated capability and environment; te_verify/run/passes.py)"]
+        *([f"Passes: {', '.join(header['passes'])} (emulated capability and environment; te_verify/passes.py)"]
           if header.get("passes") else []),
         *te_compile_lines(header, rows),
         "",

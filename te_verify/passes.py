@@ -22,7 +22,7 @@ from pathlib import Path
 
 from te_verify.matrix.capability import DEFAULT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CAPABILITIES = (DEFAULT, "sm100")
 COMPILE_BACKENDS = ("torch_compile_te", "torch_compile_te_inductor")
 # The environment where TE's compiled path runs; TE_VERIFY_COMPILE_PYTHON names another interpreter.
