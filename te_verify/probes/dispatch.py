@@ -341,6 +341,10 @@ class Watcher(TorchDispatchMode):
         """(data_ptr, nbytes) of the storages made after the `since`-th that are still alive."""
         return [(ptr, entry[1]) for ptr, entry in self._live.items() if entry[0] > since and entry[2]() is not None]
 
+    def live_serials(self) -> set[int]:
+        """Keys (serials) of the storages ops made that are still alive."""
+        return {entry[0] for entry in self._live.values() if entry[2]() is not None}
+
     def is_new(self, t: torch.Tensor) -> bool:
         storage = t.untyped_storage()
         return self._tracked(storage, storage.data_ptr()) is not None
