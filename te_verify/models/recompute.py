@@ -41,7 +41,18 @@ class CheckpointedStack(torch.nn.Sequential):
         self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layers = list(self)
+        # Plain loops and a closure, no generator: thunder's interpreter cannot take len() of one.
+        layers = [self[i] for i in range(len(self))]
         for block in regions(len(layers)):
-            x = run_block(self.recompute, torch.nn.Sequential(*(layers[i] for i in block)), x)
+            x = run_block(self.recompute, _chain([layers[i] for i in block]), x)
         return x
+
+
+def _chain(layers: list[torch.nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One block's layers applied in order."""
+    def block(x: torch.Tensor) -> torch.Tensor:
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    return block
