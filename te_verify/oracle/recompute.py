@@ -1,16 +1,16 @@
-"""What activation recompute (CaseSpec.recompute) requires: which forward GEMMs each backward pass runs again, and
+"""What activation recompute (CaseSpec.recompute) requires: which forward GEMMs each backward pass may run again, and
 which tensors the forward keeps instead of the checkpointed layers' inputs.
 
 A checkpointed block (models.recompute: pairs of the stack's layers, each Llama block) is a region. Its backward
 runs iff a gradient flows in it (one of its sites has a backward role); a region with nothing needing a gradient
 inside or before it recomputes nothing and keeps nothing. Where its backward runs, every backward pass (each replay)
-runs the region's forward again from its saved inputs, before the region's own dgrad/wgrad GEMMs:
-- reentrant checkpointing reruns the whole region: its backward starts from the recomputed outputs, so every
-  site's fprop GEMM runs once more;
-- non-reentrant checkpointing (torch's default early stop) reruns the region's forward until the last tensor its
-  backward reads is back: a linear saves its operands before its GEMM runs, so the sites up to the last one that
-  saves anything (a dgrad or wgrad is required of it) run their fprop again, that last one and those after it do
-  not (their outputs feed nothing the backward reads).
+runs the region's forward again from its saved inputs, once: every site's fprop GEMM at most once more per pass
+(reentrant checkpointing reruns the whole region, its backward starting from the recomputed outputs). Less is no
+fault (checks.waste: a note): torch's non-reentrant early stop ends the rerun once the last tensor the backward reads
+is back (aten ops save their operands before their GEMM runs, so the last saving linear's GEMM is skipped; a custom
+autograd.Function saves after, so it is not), and torch.compile's partitioner recomputes only the outputs its
+backward reads. What a backend did not recompute it must have kept, which the saved check judges against the rule
+below, and a recompute short of what backward reads would show in the gradients.
 Never a wgrad for a frozen weight: the recompute changes the forward work only (required.backward_gemms adds it).
 Saved for backward: each region's input (its first site's input), a new allocation unless it is the model input,
 instead of the inputs of the sites inside it; sites outside every region save as without recompute.
@@ -20,9 +20,6 @@ from __future__ import annotations
 from te_verify.models.recompute import regions
 from te_verify.oracle.sites import Site
 from te_verify.spec import CaseSpec
-
-SAVING_ROLES = frozenset({"dgrad", "wgrad"})  # a linear saves its input for wgrad, its weight for dgrad
-
 
 def site_regions(spec: CaseSpec, all_sites: list[Site]) -> list[list[Site]]:
     """The checkpointed regions as lists of sites in forward order (empty without recompute)."""
@@ -38,21 +35,14 @@ def runs_backward(region: list[Site]) -> bool:
 
 
 def recomputed_sites(spec: CaseSpec, all_sites: list[Site]) -> list[Site]:
-    """The sites whose fprop GEMM every backward pass runs again."""
-    out = []
-    for region in filter(runs_backward, site_regions(spec, all_sites)):
-        if spec.recompute == "reentrant":
-            out += region
-        else:
-            savers = [k for k, s in enumerate(region) if s.roles() & SAVING_ROLES]
-            out += region[:savers[-1]] if savers else []
-    return out
+    """The sites whose fprop GEMM every backward pass may run again (at most once each)."""
+    return [s for region in filter(runs_backward, site_regions(spec, all_sites)) for s in region]
 
 
 def working_elements(spec: CaseSpec, all_sites: list[Site]) -> int:
     """Elements a recompute holds while one region's backward runs: the outputs of its recomputed sites (the inputs
-    of the sites after them, saved by the recomputed graph; reentrant's also the region's output), the largest
-    region's. The peak bound adds them: the forward did not keep them, the backward makes them again."""
+    of the sites after them, saved by the recomputed graph, and the region's output, a reentrant backward's root),
+    the largest region's. The peak bound adds them: the forward did not keep them, the backward makes them again."""
     recomputed = {s.label for s in recomputed_sites(spec, all_sites)}
     return max((sum(s.rows * s.fan_out for s in region if s.label in recomputed)
                 for region in site_regions(spec, all_sites)), default=0)

@@ -12,8 +12,8 @@ linear weights, so views of their storage attribute whatever the backend calls t
 - forward phase: every GEMM is "fprop"; its layer is the one whose weight (by storage) is an operand.
 - backward: an operand that is a layer's weight (same storage, any view) => that layer's "dgrad" where the GEMM
   contracts over the weight's out-features, its "fprop" where over its in-features (a recompute of a checkpointed
-  layer's forward runs in backward: a role is what the GEMM computes, not when); which of a square weight's
-  dimensions is contracted is read from the operand's strides as a view of the (row-major) weight; else a
+  layer's forward runs in backward: a role is what the GEMM computes, not when), read from the operand's strides
+  as a view of the (row-major) weight (`contracts_in`); else a
   "wgrad", of the layer whose forward input (same view: storage, offset and size) is an operand and whose dgrad
   consumed the same output gradient; where these two data-flow signals disagree (a compiler reused a buffer),
   the layer is None and the check judges that pass by role and FLOPs, saying so.
@@ -82,16 +82,17 @@ class RawGemm:
 
 
 def contracts_in(t: torch.Tensor, position: int, weight_shape: tuple[int, ...], as_is: bool) -> bool:
-    """Whether GEMM operand `t` (position 0: (..., m, k), 1: (..., k, n)), a layer's weight of `weight_shape` (out,
-    in) or a copy of it, is contracted over the weight's in-features. A square weight's contracted dimension is
-    told by its stride when `t` is a view of the weight itself (unit stride: the row-major weight's in-features);
-    else, or for a copy, it reads as out-features (a dgrad, as before recompute was known)."""
+    """Whether GEMM operand `t` (position 0: (..., m, k), 1: (..., k, n)), a view of a layer's row-major weight of
+    `weight_shape` (out, in), is contracted over the weight's in-features: its contracted dimension has unit stride
+    (slices included: a split-K GEMM's half of the weight keeps its strides). Where strides cannot tell (a dimension
+    of 1) the sizes do. A copy (an FP8 cast) has the copy's layout: read as a dgrad, as before recompute was known."""
+    if not as_is:
+        return False
     out_features, in_features = weight_shape[0], weight_shape[-1]
     dim = -1 if position == 0 or t.dim() == 1 else -2
-    k = t.shape[dim]
-    if in_features != out_features:
-        return k == in_features
-    return as_is and k > 1 and t.stride(dim) == 1
+    if t.shape[dim] > 1 and in_features > 1:
+        return t.stride(dim) == 1
+    return t.shape[dim] == in_features != out_features
 
 
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands: tuple, out: torch.Tensor,
