@@ -12,26 +12,24 @@ from __future__ import annotations
 
 from te_verify.matrix.models import LORA_TARGETS, model_spec
 from te_verify.matrix.tiers import NON_SQUARE4, SQUARE4, check_tier, dedupe, named_masks
-from te_verify.oracle.recompute import site_regions
-from te_verify.oracle.required import sites
 from te_verify.spec import CaseSpec, ModelConfig
 
 MODES = ("nonreentrant", "reentrant")
 
 
 def reentrant_drops_grads(spec: CaseSpec) -> bool:
-    """A reentrant checkpoint of a region that holds a trainable parameter while its input needs no gradient. A
-    Llama block's norms train only where its linear sites (weights or adapters) do, so its sites tell."""
+    """A reentrant checkpoint of a block that trains while its input needs no gradient. Nothing trains before the
+    first block that trains, so that happens iff some block trains and the model's input needs no gradient (nor a
+    trainable embedding's output). Every stack layer is in a block; a Llama block not frozen whole trains (its
+    linears, its adapters or its norms)."""
     if spec.recompute != "reentrant":
         return False
-    upstream = spec.input_requires_grad or (spec.model is not None and spec.model.embedding
-                                            and "embedding" not in spec.model.frozen)
-    for region in site_regions(spec, sites(spec)):
-        trains = any(s.weight_trainable or s.bias_trainable for s in region)
-        if trains and not upstream:
-            return True
-        upstream = upstream or trains
-    return False
+    if spec.model is None:
+        weights, biases = spec.frozen_after_prepare()
+        return not spec.input_requires_grad and not (all(weights) and (biases is None or all(biases)))
+    m = spec.model
+    upstream = spec.input_requires_grad or (m.embedding and "embedding" not in m.frozen)
+    return m.frozen_blocks < m.blocks and not upstream
 
 
 def _stack(tier: str) -> list[CaseSpec]:
