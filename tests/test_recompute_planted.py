@@ -14,7 +14,7 @@ from te_verify.probes import default_probes
 from te_verify.probes.flops import GemmProbe
 from te_verify.run.caserun import CaseRun
 from te_verify.run.runner import run_case
-from te_verify.spec import CaseSpec, SpecError
+from te_verify.spec import CaseSpec, DistConfig, SpecError, TEConfig
 
 # Two blocks, (0, 1) and (2, 3), each with a frozen weight inside (layers 1 and 3) behind a trainable one; distinct
 # widths, so every weight shape names one layer.
@@ -37,6 +37,10 @@ def test_the_recompute_spec_field_is_validated_and_named_only_off_its_default():
     assert "ckpt" not in FROZEN_INSIDE.replace(recompute="none").id
     with pytest.raises(SpecError, match="recompute='sometimes'"):
         FROZEN_INSIDE.replace(recompute="sometimes")
+    with pytest.raises(SpecError, match="recompute='reentrant': not built for the TE lane"):
+        FROZEN_INSIDE.replace(recompute="reentrant", te=TEConfig())
+    with pytest.raises(SpecError, match="recompute='reentrant': not built for the distributed lane"):
+        FROZEN_INSIDE.replace(recompute="reentrant", dist=DistConfig("ddp"))
 
 
 def test_the_oracle_adds_each_block_fprop_once_per_pass_and_keeps_block_inputs():
@@ -83,3 +87,26 @@ def test_a_recompute_that_keeps_every_activation_is_caught():
     assert failed(found) == {"waste_saved"}
     assert "layer 1 (frozen weight): saved input [32, 24] 3,072 B, 0 required" in found["waste_saved"].message
     assert "layer 3 (frozen weight): saved input [32, 8] 1,024 B, 0 required" in found["waste_saved"].message
+
+
+@pytest.mark.parametrize("mode, rerun", [("nonreentrant", {0, 2}), ("reentrant", {0, 1, 2, 3})])
+def test_a_square_stacks_recompute_is_told_from_its_dgrads_by_the_contracted_dimension(mode, rerun):
+    """Square weights: every GEMM of a backward pass has the same shapes, so only the weight's contracted dimension
+    tells a recomputed fprop from a dgrad. Torch's early stop skips each block's last linear (it saves its operands
+    before its GEMM runs); the reentrant rerun runs every one."""
+    spec = CaseSpec("recompute", (32,) * 5, (False,) * 4, None, True, (32,), recompute=mode)
+    events = run_case(spec, EagerBackend(), [GemmProbe()]).observations["gemm_events"]
+    backward = [(e.role, e.layer) for e in events if e.pass_index == 1]
+    assert {layer for role, layer in backward if role == "fprop"} == rerun
+    assert sorted(layer for role, layer in backward if role == "dgrad") == [0, 1, 2, 3]
+    assert sorted(layer for role, layer in backward if role == "wgrad") == [0, 1, 2, 3]
+
+
+def test_the_reentrant_pitfall_is_what_users_would_see():
+    """Why the matrix leaves it out: a reentrant block whose input needs no gradient trains nothing, and where no
+    later block trains either, backward raises."""
+    spec = CaseSpec("recompute", (16,) * 5, (False,) * 4, None, False, (8,), recompute="reentrant")
+    assert reentrant_drops_grads(spec) and not reentrant_drops_grads(spec.replace(input_requires_grad=True))
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        record = run_case(spec, EagerBackend(), [])
+    assert "does not require grad" in str(record.error)
