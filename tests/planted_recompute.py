@@ -8,6 +8,8 @@
   autograd.grad for all of them, throwing the frozen ones' gradients away: a wgrad GEMM per frozen weight.
 - HandCheckpoint("hoard"): the forward keeps every activation of the block besides its input (no memory saved),
   and backward recomputes all the same.
+- NoRecompute(): any family's model (the stack, Llama) with its checkpoint switched off: every activation kept, as
+  a backend that drops the user's checkpoint would.
 """
 from __future__ import annotations
 
@@ -77,3 +79,17 @@ class HandCheckpoint:
             return x
 
         return run
+
+
+class NoRecompute:
+    """The model as built, its blocks run without their checkpoint (`recompute` set to "none")."""
+
+    name = "no_recompute"
+    lane = "torch"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        model.recompute = "none"
+        return model

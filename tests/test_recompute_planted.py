@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planted_recompute import HandCheckpoint
+from planted_recompute import HandCheckpoint, NoRecompute
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.verdict import CheckFailures
 from te_verify.checks.waste import waste_verdicts
@@ -14,7 +14,8 @@ from te_verify.probes import default_probes
 from te_verify.probes.flops import GemmProbe
 from te_verify.run.caserun import CaseRun
 from te_verify.run.runner import run_case
-from te_verify.spec import CaseSpec, DistConfig, SpecError, TEConfig
+from te_verify.matrix.models import model_spec
+from te_verify.spec import CaseSpec, DistConfig, ModelConfig, SpecError, TEConfig
 
 # Two blocks, (0, 1) and (2, 3), each with a frozen weight inside (layers 1 and 3) behind a trainable one; distinct
 # widths, so every weight shape names one layer.
@@ -110,3 +111,19 @@ def test_the_reentrant_pitfall_is_what_users_would_see():
     with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
         record = run_case(spec, EagerBackend(), [])
     assert "does not require grad" in str(record.error)
+
+
+@pytest.mark.parametrize("spec, names", [
+    (FROZEN_INSIDE.replace(weight_frozen=(False,) * 4), "layer 1 (trainable weight): saved input [32, 24] 3,072 B, "
+                                                         "0 required"),
+    (model_spec("recompute", ModelConfig(lora_on=("q", "v")), recompute="nonreentrant"),
+     "sites blocks.0.attn.q.base, blocks.0.attn.q.lora_a, blocks.0.attn.k, blocks.0.attn.v.base, "
+     "blocks.0.attn.v.lora_a: saved their input 1 time(s)"),
+], ids=["stack", "llama"])
+def test_a_backend_that_drops_the_checkpoint_is_caught_keeping_the_activations(spec, names):
+    """Where the checkpoint saves memory (every layer trains; a Llama block's sites), a backend that ignores it
+    keeps what the blocks' inputs replace: the saved check names it (the stack's figure, the family's per site)."""
+    with pytest.raises(CheckFailures, match="saved") as failure:
+        CaseRun(spec, "no_recompute", NoRecompute()).verify()
+    assert names in str(failure.value)
+    assert "GEMM" not in str(failure.value)  # recomputing nothing is no FLOPs fault: what it kept instead is
