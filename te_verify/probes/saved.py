@@ -12,11 +12,12 @@ thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked 
 0.2.6), so their saves are visible. A backend whose saves bypass the hooks (e.g. a C++ extension keeping its
 own context) shows none; the waste check then reports the saved figures as "unknown", not as zero.
 
-Only the forward's saves that are still alive when the first backward pass starts count: a tensor packed for a
-graph that is dropped before backward is not kept for it (a non-reentrant checkpoint packs its block's inputs even
-where no gradient flows through the block, and frees them with the block's unused graph). Nor do saves made while
-backward runs: what autograd saves while backward runs (a reentrant checkpoint's recompute builds
-and saves a graph of its block there) is backward's working memory, which the peak judges; their count is a figure.
+Of what the forward packs before the first backward pass starts, only the storages still alive then count: a tensor
+packed for a graph that is dropped before backward is not kept for it (a non-reentrant checkpoint packs its block's
+inputs even where no gradient flows through the block, and frees them with the block's unused graph); a later
+microbatch's forward counts as packed. What autograd saves while backward runs (a reentrant checkpoint's recompute
+builds and saves a graph of its block there) is backward's working memory, which the peak judges: not counted, its
+count a figure.
 
 Per layer: a saved storage that is a layer's forward input (same storage as the operand of its forward GEMM)
 is that layer's "input"; where the watcher follows copies, a copy (an FP8 cast) of a weight is that layer's
@@ -58,6 +59,8 @@ class SavedItem:
     # compiler may reuse a layer input's buffer for another value, which is then not that input.
     view: tuple = ()
     print_: float | None = None
+    # Packed before the first backward pass started (a later microbatch's forward packs after it).
+    before_backward: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,8 @@ class SavedTensorsProbe:
 
     @property
     def items(self) -> list[SavedItem]:
-        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_)
-                for key, new, storage_bytes, tensor_bytes, shape, dtype, root, view, print_ in self._raw]
+        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_, before)
+                for key, new, storage_bytes, tensor_bytes, shape, dtype, root, view, print_, before in self._raw]
 
     def __enter__(self) -> "SavedTensorsProbe":
         self._raw, self._backward_saves, self._alive = [], 0, None
@@ -174,14 +177,14 @@ class SavedTensorsProbe:
             new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
             view, print_ = (self._watcher.view_key(t), dispatch.fingerprint(t)) if new else ((), None)
             self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root,
-                              view, print_))
+                              view, print_, self._alive is None))
         return t
 
     def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:
         """Deduplicated new saved storages, attributed to layers."""
         first_by_key: dict[Any, SavedItem] = {}
         for item in self.items if items is None else items:
-            if item.new and (self._alive is None or item.key in self._alive):
+            if item.new and (self._alive is None or not item.before_backward or item.key in self._alive):
                 first_by_key.setdefault(item.key, item)
         return [attribute_saved(item, self._watcher.layers) for item in first_by_key.values()]
 
