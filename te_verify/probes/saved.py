@@ -15,9 +15,9 @@ own context) shows none; the waste check then reports the saved figures as "unkn
 Of what the forward packs before the first backward pass starts, only the storages still alive then count: a tensor
 packed for a graph that is dropped before backward is not kept for it (a non-reentrant checkpoint packs its block's
 inputs even where no gradient flows through the block, and frees them with the block's unused graph); a later
-microbatch's forward counts as packed. What autograd saves while backward runs (a reentrant checkpoint's recompute
-builds and saves a graph of its block there) is backward's working memory, which the peak judges: not counted, its
-count a figure.
+microbatch's forward counts as packed. What autograd saves while its engine runs a backward (a reentrant
+checkpoint's recompute builds and saves a graph of its block there; torch._C._current_graph_task_id() tells, whatever
+phase a runner names) is backward's working memory, which the peak judges: not counted, its count a figure.
 
 Per layer: a saved storage that is a layer's forward input (same storage as the operand of its forward GEMM)
 is that layer's "input"; where the watcher follows copies, a copy (an FP8 cast) of a weight is that layer's
@@ -162,7 +162,7 @@ class SavedTensorsProbe:
         dispatch.set_phase(name)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if self._watcher.phase == "backward":
+        if torch._C._current_graph_task_id() != -1:  # autograd's engine is running a backward (a recompute's graph)
             self._backward_saves += 1
             return t
         inner = wrapped_tensors(t)
