@@ -25,6 +25,9 @@ WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fs
 USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
+# Activation recompute around the model's blocks (te_verify.models.recompute): none; torch.utils.checkpoint without
+# and with reentrant autograd.
+RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant")
 # Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
 # optimizer steps moved and on FP8 scales two updates produced.
 ITERATIONS = 3
@@ -228,6 +231,9 @@ class CaseSpec:
     # one: outputs, gradients and parameters. The first is the probed one. A distributed wrapper without an
     # optimizer (DDP, FSDP, ...) takes one step; a training engine takes this many.
     iterations: int = ITERATIONS
+    # Activation recompute (one of RECOMPUTE_MODES) around each block: a Llama block, or consecutive pairs of the
+    # stack's layers (models.recompute.REGION_LAYERS). Backward recomputes a block's forward from its saved inputs.
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -259,6 +265,8 @@ class CaseSpec:
             parts.append(self.dist.tag)
         if self.seed:
             parts.append(f"s{self.seed}")
+        if self.recompute != "none":  # suffix only off the default, so existing ids stay
+            parts.append(f"ckpt_{self.recompute}")
         return "-".join(parts)
 
     def _stack_tag(self) -> list[str]:
@@ -371,6 +379,16 @@ def _check_model(spec: CaseSpec) -> None:
     _check(spec.te is None or m.te_base, "te: a model family runs on the TE lane only with model.te_base")
 
 
+def _check_recompute(spec: CaseSpec) -> None:
+    _check(spec.recompute in RECOMPUTE_MODES, f"recompute={spec.recompute!r}: expected one of {RECOMPUTE_MODES}")
+    _check(spec.recompute == "none" or spec.te is None,
+           f"recompute={spec.recompute!r}: not built for the TE lane (te={spec.te.tag if spec.te else None})")
+    _check(spec.recompute == "none" or spec.dist is None,
+           f"recompute={spec.recompute!r}: not built for the distributed lane (dist={spec.dist.tag if spec.dist else None})")
+    _check(spec.recompute == "none" or spec.model is None or spec.model.kind == "llama",
+           f"recompute={spec.recompute!r}: only the llama family wraps its blocks (model.kind={spec.model and spec.model.kind!r})")
+
+
 def validate(spec: CaseSpec) -> None:
     """Raise SpecError naming the first bad field; a spec that passes can be built and run."""
     if spec.model is not None:
@@ -405,6 +423,7 @@ def validate(spec: CaseSpec) -> None:
                "te.grad_added_to_main_grad=True needs te.main_grad=True")
         _check_tied(spec)
         _check_experts(spec)
+    _check_recompute(spec)
     if spec.dist is not None:
         _check(spec.dist.wrapper in WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
                f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS} or a declared wrapper's name")

@@ -87,11 +87,19 @@ def lowerable(site: Site) -> bool:
     return min(site.rows, site.fan_in, site.fan_out) == 1
 
 
+LOWERED = " (not seen as a GEMM: ran as other ops)"
+# A recompute may rerun less than the checkpoint's whole rerun (oracle.recompute): aot's partitioner recomputes only
+# the outputs its backward reads. What it did not recompute it must have kept, which waste_saved judges, and a
+# recompute short of what backward reads would show in the gradients; so fewer recomputed fprops is a note.
+PARTIAL_RECOMPUTE = " (recomputed less than the checkpoint reruns: what was not recomputed is waste_saved's to judge)"
+
+
 def _compare(where: str, want: tuple[Counter, Counter], got: tuple[Counter, Counter], label,
-             may_lower) -> tuple[list[str], list[str]]:
+             excuse) -> tuple[list[str], list[str]]:
     """Judge FLOPs per key (a (layer, role), or a role), `want`/`got` being (GEMM counts, FLOPs). More FLOPs than
-    required is waste; fewer is a missing GEMM, except where `may_lower(key)` (the work ran as other ops: a note,
-    and whether it ran right is the parity checks' business). The count is a figure: split-K is two GEMMs."""
+    required is waste; fewer is a missing GEMM, except where `excuse(key)` names why fewer is no fault (LOWERED:
+    the work ran as other ops; PARTIAL_RECOMPUTE): a note, and whether it ran right is the parity checks' business.
+    The count is a figure: split-K is two GEMMs."""
     problems, notes = [], []
     for key in sorted(set(want[1]) | set(got[1]), key=str):
         if got[1][key] == want[1][key]:
@@ -101,8 +109,8 @@ def _compare(where: str, want: tuple[Counter, Counter], got: tuple[Counter, Coun
                 f"(FLOPs {got[1][key]:,} vs {want[1][key]:,} required)")
         if got[1][key] > want[1][key]:
             problems.append(line)
-        elif may_lower(key):
-            notes.append(line + " (not seen as a GEMM: ran as other ops)")
+        elif excuse(key):
+            notes.append(line + excuse(key))
         else:
             problems.append(line + " (GEMM work missing)")
     return problems, notes
@@ -125,6 +133,13 @@ def _work(spec: CaseSpec, gemms) -> tuple[Counter, Counter]:
     """(GEMM counts, FLOPs) per (layer, role) of the required (layer, role) list `gemms`."""
     counts = Counter(gemms)
     return counts, Counter({key: n * site_at(spec, key[0]).gemm_flops() for key, n in counts.items()})
+
+
+def _excuse(pass_index: int, lowered: bool, role: str) -> str:
+    """Why fewer FLOPs than required is no fault for a key in pass `pass_index` ('' where it is)."""
+    if lowered:
+        return LOWERED
+    return PARTIAL_RECOMPUTE if pass_index > 0 and role == "fprop" else ""
 
 
 def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
@@ -151,9 +166,10 @@ def gemm_problems(spec: CaseSpec, events: list) -> tuple[list[str], list[str]]:
                          if unattributed else f"{where}: GEMMs of same-shaped {swapped} told apart by data flow "
                          "disagree with the required ones (a compiler reused a buffer); judged by role and FLOPs")
             found = _compare(where, (by_role(want[0]), by_role(want[1])), (by_role(got[0]), by_role(got[1])),
-                             lambda role: "all layers", lambda role: bool(lowered))
+                             lambda role: "all layers", lambda role: _excuse(k, bool(lowered), role))
         else:
-            found = _compare(where, want, got, lambda key: _layer_label(spec, *key), lambda key: key[0] in lowered)
+            found = _compare(where, want, got, lambda key: _layer_label(spec, *key),
+                             lambda key: _excuse(k, key[0] in lowered, key[1]))
         problems += found[0]
         notes += found[1]
     return problems, notes

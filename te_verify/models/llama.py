@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from te_verify.models import stages
 from te_verify.models.lora import LoRALinear, is_adapter
+from te_verify.models.recompute import run_block
 from te_verify.models.seeded import CPU, TORCH_DTYPES, family_inputs, seeded_linear
 from te_verify.spec import CaseSpec, ModelConfig
 
@@ -89,8 +90,10 @@ class Block(torch.nn.Module):
 
 
 class Llama(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, make: Projections, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, make: Projections, dtype: torch.dtype, device: torch.device,
+                 recompute: str = "none") -> None:
         super().__init__()
+        self.recompute = recompute  # CaseSpec.recompute: each block checkpointed (models.recompute)
         if cfg.embedding:
             self.wte = torch.nn.Embedding(cfg.vocab, cfg.n_embd, device=CPU)
             torch.nn.init.normal_(self.wte.weight, generator=make.gen)
@@ -104,7 +107,7 @@ class Llama(torch.nn.Module):
         if hasattr(self, "wte"):
             x = self.wte(x)
         for block in self.blocks:
-            x = block(x)
+            x = run_block(self.recompute, block, x)
         if hasattr(self, "lm_head"):
             x = self.lm_head(self.ln_f(x))
         return x
@@ -114,7 +117,7 @@ def build(spec: CaseSpec, device: torch.device, te_linear=None) -> Llama:
     """The seeded model, every parameter trainable; `te_linear` turns an adapter's base into a TE Linear."""
     gen = torch.Generator(device=CPU).manual_seed(spec.seed)
     dtype = TORCH_DTYPES[spec.dtype]
-    return Llama(spec.model, Projections(spec.model, gen, dtype, device, te_linear), dtype, device)
+    return Llama(spec.model, Projections(spec.model, gen, dtype, device, te_linear), dtype, device, spec.recompute)
 
 
 make_inputs = family_inputs  # token ids or hidden states, and the output cotangent

@@ -5,6 +5,7 @@ from typing import Iterable
 
 import torch
 
+from te_verify.models.recompute import CheckpointedStack
 from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear, seeded_randn
 from te_verify.spec import CaseSpec
 
@@ -33,7 +34,7 @@ class Experts(torch.nn.Module):
 
 def build(spec: CaseSpec, device: torch.device) -> torch.nn.Sequential:
     """A stack of torch.nn.Linear layers (or Experts of them) named "0", "1", ...; weights drawn from
-    `spec.seed`, all trainable, on `device`."""
+    `spec.seed`, all trainable, on `device`; its blocks checkpointed as `spec.recompute` says."""
     gen = torch.Generator(device=CPU).manual_seed(spec.seed)
     dtype = TORCH_DTYPES[spec.dtype]
     experts = spec.te.experts if spec.te is not None else 1
@@ -43,6 +44,8 @@ def build(spec: CaseSpec, device: torch.device) -> torch.nn.Sequential:
         layers.append(group[0] if experts == 1 else Experts(group, spec.te.frozen_experts))
     for i in (spec.te.tied[1:] if spec.te is not None else ()):
         layers[i].weight = layers[spec.te.tied[0]].weight  # tied: one Parameter, used by every listed layer
+    if spec.recompute != "none":
+        return CheckpointedStack(layers, spec.recompute)
     return torch.nn.Sequential(*layers)
 
 

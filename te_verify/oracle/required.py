@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from te_verify.oracle.copy_bytes import HIGH_PRECISION_FPROP, backward_layout, layout_storages
+from te_verify.oracle.recompute import checkpoint_inputs, recomputed_labels, recomputed_sites, working_elements
 from te_verify.oracle.sites import Site
 from te_verify.spec import CaseSpec
 
@@ -55,7 +56,7 @@ def _model_graph(spec: CaseSpec) -> tuple[tuple[Site, ...], bool]:
     from te_verify.oracle.graph import graph_sites
     from te_verify.models import CPU, frozen_at_backward, make_inputs
 
-    model = frozen_at_backward(spec, CPU)
+    model = frozen_at_backward(spec.replace(recompute="none"), CPU)  # the same sites; fx traces no checkpoint
     x = make_inputs(spec, device=CPU).x
     return tuple(graph_sites(model, x)), x.requires_grad or any(p.requires_grad for p in model.parameters())
 
@@ -99,9 +100,12 @@ def input_needs_grad(spec: CaseSpec) -> tuple[bool, ...]:
 
 
 def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
-    """(layer, role) of the GEMMs one backward pass needs, last layer first (a model family: last site first)."""
+    """(layer, role) of the GEMMs one backward pass needs, last layer first (a model family: last site first), then
+    the fprop GEMMs a recompute runs again (oracle.recompute)."""
+    recomputed = [(s.layer, "fprop") for s in recomputed_sites(spec, sites(spec))]
     if spec.model is not None:
-        return [(s.layer, role) for s in reversed(sites(spec)) for role in ("dgrad", "wgrad") if role in s.roles()]
+        return [(s.layer, role) for s in reversed(sites(spec)) for role in ("dgrad", "wgrad")
+                if role in s.roles()] + recomputed
     weights, _ = trainable_masks(spec)
     needs = input_needs_grad(spec)
     gemms = []
@@ -110,7 +114,7 @@ def backward_gemms(spec: CaseSpec) -> list[tuple[int, str]]:
             gemms.append((i, "dgrad"))
         if weights[i]:
             gemms.append((i, "wgrad"))
-    return gemms
+    return gemms + recomputed
 
 
 def graph_exists(spec: CaseSpec) -> bool:
@@ -147,9 +151,10 @@ def gemm_flops(spec: CaseSpec, layer: int) -> int:
 
 
 def required_flops(spec: CaseSpec) -> int:
-    """fprop of every site once, and each backward pass's required dgrad and wgrad GEMMs."""
+    """fprop of every site once, and each backward pass's required dgrad and wgrad GEMMs and recomputed fprops."""
     replays = spec.replays if graph_exists(spec) else 0
-    return sum(s.gemm_flops() * (1 + replays * len(s.roles() - {"bgrad"})) for s in sites(spec))
+    recomputed = sum(s.gemm_flops() for s in recomputed_sites(spec, sites(spec)))
+    return sum(s.gemm_flops() * (1 + replays * len(s.roles() - {"bgrad"})) for s in sites(spec)) + replays * recomputed
 
 
 def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
@@ -186,6 +191,10 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
         return RequiredSaved(0, 0, ())
     if spec.model is not None:
         return _family_saved(spec)
+    if spec.recompute != "none":  # the stack's regions cover every layer: their inputs, nothing inside
+        items = [(s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype])
+                 for s in checkpoint_inputs(spec, sites(spec)) if s.layer > 0]
+        return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
     fp8 = spec.te is not None and spec.te.recipe is not None
     items = []
     for s in sites(spec):
@@ -201,9 +210,13 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
 
 
 def _family_saved(spec: CaseSpec) -> RequiredSaved:
-    """A model family's linear sites: each value a wgrad reads, once, unless it is the model input."""
+    """A model family's linear sites: each value a wgrad reads, once, unless it is the model input or the site is
+    in a checkpointed block (recomputed; the block's input is kept instead, not a site's value)."""
     items, seen = [], set()
+    recomputed = recomputed_labels(spec, sites(spec))
     for s in sites(spec):
+        if s.label in recomputed:
+            continue
         if "wgrad" in s.roles() and not s.input_is_model_input and s.input_value not in seen:
             seen.add(s.input_value)
             items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
@@ -215,7 +228,8 @@ def required_peak(spec: CaseSpec) -> int:
 
     The required saved tensors, the output, the gradients of trainable parameters and of the input (they
     stay alive as .grad), two activations in flight (a layer's output/grad and the next one's) and, with
-    replays, one layer's weight+bias-sized temporary (a later pass's wgrad and bgrad before accumulation). The runner's own
+    replays, one layer's weight+bias-sized temporary (a later pass's wgrad and bgrad before accumulation), and with
+    recompute the activations one region's recompute makes again (oracle.recompute.working_elements). The runner's own
     snapshots are taken in the probes' "idle" phase and are not counted. Not exact: allocators and schedules differ, so it bounds rather than predicts; a backend
     above it holds memory the case does not need.
     """
@@ -231,7 +245,8 @@ def required_peak(spec: CaseSpec) -> int:
     weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
                       for i in range(spec.n_layers)) if spec.replays > 1 else 0
     output = rows * spec.widths[-1]
-    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp)
+    recompute = working_elements(spec, sites(spec))
+    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp + recompute)
 
 
 def te_sites(spec: CaseSpec) -> list[str]:

@@ -341,6 +341,10 @@ class Watcher(TorchDispatchMode):
         """(data_ptr, nbytes) of the storages made after the `since`-th that are still alive."""
         return [(ptr, entry[1]) for ptr, entry in self._live.items() if entry[0] > since and entry[2]() is not None]
 
+    def live_serials(self) -> set[int]:
+        """Keys (serials) of the storages ops made that are still alive."""
+        return {entry[0] for entry in self._live.values() if entry[2]() is not None}
+
     def is_new(self, t: torch.Tensor) -> bool:
         storage = t.untyped_storage()
         return self._tracked(storage, storage.data_ptr()) is not None
@@ -500,6 +504,25 @@ class Watcher(TorchDispatchMode):
         self._live, self._seen = {}, {}  # dropping the weakrefs cancels their callbacks
 
 
+def _run_hop_under(hop: Any, mode: Watcher, *args: Any, **kwargs: Any) -> Any:
+    """A higher-order operator reaching the watcher: its body's ops run with the watcher on the mode stack (so their
+    GEMMs and allocations count), through the HOP's own kernel for the device (no rule of its own for this mode)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    key = torch._C.DispatchKey.CUDA if any(t.is_cuda for t in tensors) else torch._C.DispatchKey.CPU
+    with mode:
+        return hop.dispatch(key, *args, **kwargs)
+
+
+def _register_rng_hops() -> None:
+    """torch.compile wraps a checkpointed region's random ops in run_and_save_rng_state / run_with_rng_state
+    (torch._prims.rng_prims); a dispatch mode needs a rule for each, or the compiled run raises."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    for hop in (run_and_save_rng_state, run_with_rng_state):
+        if Watcher not in hop.python_key_table:
+            hop.py_impl(Watcher)(partial(_run_hop_under, hop))
+
+
 def _skip_dynamo_in_dispatch() -> None:
     """Keep dynamo out of the dispatch hook and all it calls, as TorchDispatchMode's own per-call
     torch._disable_dynamo wrapper does, by marking the code object once (recursive skip): the wrapper costs two
@@ -524,6 +547,7 @@ def subscribe(probe: object) -> Watcher:
     if not _SUBSCRIBERS:
         if not _DYNAMO_SKIPPED:
             _skip_dynamo_in_dispatch()
+            _register_rng_hops()
             _DYNAMO_SKIPPED.append(True)
         watcher = Watcher()
         watcher.__enter__()

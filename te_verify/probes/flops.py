@@ -10,7 +10,10 @@ proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS cal
 How roles and layers are attributed (see dispatch.py for how layers are learnt: `bind` hands it the model's
 linear weights, so views of their storage attribute whatever the backend calls them):
 - forward phase: every GEMM is "fprop"; its layer is the one whose weight (by storage) is an operand.
-- backward: an operand that is a layer's weight (same storage, any view) => "dgrad" of that layer; else a
+- backward: an operand that is a layer's weight (same storage, any view) => that layer's "dgrad" where the GEMM
+  contracts over the weight's out-features, its "fprop" where over its in-features (a recompute of a checkpointed
+  layer's forward runs in backward: a role is what the GEMM computes, not when), read from the operand's strides
+  as a view of the (row-major) weight (`contracts_in`); else a
   "wgrad", of the layer whose forward input (same view: storage, offset and size) is an operand and whose dgrad
   consumed the same output gradient; where these two data-flow signals disagree (a compiler reused a buffer),
   the layer is None and the check judges that pass by role and FLOPs, saying so.
@@ -73,18 +76,38 @@ class RawGemm:
     input_layers: frozenset = frozenset()
     # The GEMM's output as a view (a dgrad's output is the gradient of the layers feeding that layer).
     out_view: tuple = ()
+    # Whether the weight operand is contracted over its in-features (a forward GEMM's, run again by a recompute);
+    # False over its out-features (a dgrad); None with no weight operand.
+    contracts_in: bool | None = None
+
+
+def contracts_in(t: torch.Tensor, position: int, weight_shape: tuple[int, ...], as_is: bool) -> bool:
+    """Whether GEMM operand `t` (position 0: (..., m, k), 1: (..., k, n)), a view of a layer's row-major weight of
+    `weight_shape` (out, in), is contracted over the weight's in-features: its contracted dimension has unit stride
+    (slices included: a split-K GEMM's half of the weight keeps its strides). Where strides cannot tell (a dimension
+    of 1) the sizes do. A copy (an FP8 cast) has the copy's layout: read as a dgrad, as before recompute was known."""
+    if not as_is:
+        return False
+    out_features, in_features = weight_shape[0], weight_shape[-1]
+    dim = -1 if position == 0 or t.dim() == 1 else -2
+    if t.shape[dim] > 1 and in_features > 1:
+        return t.stride(dim) == 1
+    return t.shape[dim] == in_features != out_features
 
 
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands: tuple, out: torch.Tensor,
               flops: int) -> RawGemm:
-    weight_layer = None
+    weight_layer, contracted_in = None, None
     input_layers, weight_views, shared = set(), [], frozenset()
     operands = [t for t in operands if isinstance(t, torch.Tensor)]
-    for t in operands:
+    for position, t in enumerate(operands):
         root = watcher.root_view(t)
         layer = watcher.weight_layer_of(t)
         if layer is not None:
             weight_views.append(root)
+            if weight_layer is None:
+                contracted_in = contracts_in(t, position, watcher.layers.weight_shapes[layer],
+                                             root == watcher.view_key(t))
         weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         as_is = root == watcher.view_key(t)
@@ -98,7 +121,8 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
     input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell
     shape = tuple(out.shape)
     return RawGemm(phase, pass_index, func, shape, flops, weight_layer, input_layer,
-                   tuple(watcher.root_view(t) for t in operands), tuple(weight_views), shared, watcher.view_key(out))
+                   tuple(watcher.root_view(t) for t in operands), tuple(weight_views), shared, watcher.view_key(out),
+                   contracted_in)
 
 
 def _by_shape(layers: LayerMap, shape: tuple[int, ...], rows: frozenset = frozenset()) -> tuple[str, int | None]:
@@ -134,7 +158,7 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
     consumed: dict = {}  # an output gradient a known dgrad consumed (view) -> its layers (LoRA's base and B share one)
     produced: dict = {}  # a known dgrad's result (view) -> the layers feeding that dgrad's layer (whose gradient it is)
     for r in raws:
-        if r.phase != "forward" and r.weight_layer is not None:
+        if r.phase != "forward" and r.weight_layer is not None and not r.contracts_in:
             for view in r.views:
                 if view not in r.weight_views:
                     consumed.setdefault(view, set()).add(r.weight_layer)
@@ -148,7 +172,7 @@ def attribute_all(raws: list[RawGemm], layers: LayerMap) -> list[GemmEvent]:
         if r.phase == "forward":
             role, layer = "fprop", r.weight_layer
         elif r.weight_layer is not None:
-            role, layer = "dgrad", r.weight_layer
+            role, layer = "fprop" if r.contracts_in else "dgrad", r.weight_layer
         elif r.input_layers or any(v in consumed for v in r.views):  # a dgrad on an unknown weight copy is neither
             role, layer = "wgrad", _wgrad_layer(r, grad_layers, layers)
         else:

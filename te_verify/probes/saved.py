@@ -12,6 +12,13 @@ thunder's ThunderFunction and torch.compile's CompiledFunction both do (checked 
 0.2.6), so their saves are visible. A backend whose saves bypass the hooks (e.g. a C++ extension keeping its
 own context) shows none; the waste check then reports the saved figures as "unknown", not as zero.
 
+Of what the forward packs before the first backward pass starts, only the storages still alive then count: a tensor
+packed for a graph that is dropped before backward is not kept for it (a non-reentrant checkpoint packs its block's
+inputs even where no gradient flows through the block, and frees them with the block's unused graph); a later
+microbatch's forward counts as packed. What autograd saves while its engine runs a backward (a reentrant
+checkpoint's recompute builds and saves a graph of its block there; torch._C._current_graph_task_id() tells, whatever
+phase a runner names) is backward's working memory, which the peak judges: not counted, its count a figure.
+
 Per layer: a saved storage that is a layer's forward input (same storage as the operand of its forward GEMM)
 is that layer's "input"; where the watcher follows copies, a copy (an FP8 cast) of a weight is that layer's
 "weight_copy" and one of a layer's input its "input_copy"; otherwise a new tensor of a weight's shape (or
@@ -52,6 +59,8 @@ class SavedItem:
     # compiler may reuse a layer input's buffer for another value, which is then not that input.
     view: tuple = ()
     print_: float | None = None
+    # Packed before the first backward pass started (a later microbatch's forward packs after it).
+    before_backward: bool = True
 
 
 @dataclass(frozen=True)
@@ -126,16 +135,18 @@ class SavedTensorsProbe:
     def __init__(self) -> None:
         # SavedItem fields as tuples while the run goes (cheap to make in the hook), SavedItems once asked for.
         self._raw: list[tuple] = []
+        self._backward_saves = 0  # tensors saved while backward ran (a recompute's): not saved for backward
+        self._alive: set[int] | None = None  # serials of the storages alive when the first backward pass started
         self._watcher: Watcher | None = None
         self._hooks = None
 
     @property
     def items(self) -> list[SavedItem]:
-        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_)
-                for key, new, storage_bytes, tensor_bytes, shape, dtype, root, view, print_ in self._raw]
+        return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_, before)
+                for key, new, storage_bytes, tensor_bytes, shape, dtype, root, view, print_, before in self._raw]
 
     def __enter__(self) -> "SavedTensorsProbe":
-        self._raw = []
+        self._raw, self._backward_saves, self._alive = [], 0, None
         self._watcher = dispatch.subscribe(self)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
@@ -146,9 +157,14 @@ class SavedTensorsProbe:
         dispatch.unsubscribe(self)
 
     def phase(self, name: str, index: int = 0) -> None:
+        if name == "backward" and self._alive is None:
+            self._alive = self._watcher.live_serials()
         dispatch.set_phase(name)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if torch._C._current_graph_task_id() != -1:  # autograd's engine is running a backward (a recompute's graph)
+            self._backward_saves += 1
+            return t
         inner = wrapped_tensors(t)
         if inner is not None:  # a wrapper subclass: what saving keeps alive is the tensors it holds
             for tensor in inner:
@@ -161,14 +177,14 @@ class SavedTensorsProbe:
             new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
             view, print_ = (self._watcher.view_key(t), dispatch.fingerprint(t)) if new else ((), None)
             self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root,
-                              view, print_))
+                              view, print_, self._alive is None))
         return t
 
     def new_storages(self, items: list[SavedItem] | None = None) -> list[SavedAttribution]:
         """Deduplicated new saved storages, attributed to layers."""
         first_by_key: dict[Any, SavedItem] = {}
         for item in self.items if items is None else items:
-            if item.new:
+            if item.new and (self._alive is None or not item.before_backward or item.key in self._alive):
                 first_by_key.setdefault(item.key, item)
         return [attribute_saved(item, self._watcher.layers) for item in first_by_key.values()]
 
@@ -184,6 +200,7 @@ class SavedTensorsProbe:
             "saved_count_actual": len(kept),
             "saved_bytes_raw": sum(i.tensor_bytes for i in items),
             "saved_count_raw": len(items),
+            "saved_count_in_backward": self._backward_saves,
             "saved_by_layer": by_layer,
         }
 
