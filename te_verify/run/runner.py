@@ -9,7 +9,8 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.models import CaseInputs, build_model, freeze, frozen_at_backward, make_inputs, unfreeze_all
+from te_verify.models import (CaseInputs, apply_schedule, build_model, freeze, frozen_at_backward, make_inputs,
+                              unfreeze_all)
 from te_verify import training
 from te_verify.probes import dispatch
 from te_verify.probes.base import Probe
@@ -174,6 +175,25 @@ class Trainer:
         self.record.steps.append(Step(iteration, grads, host_copies(params_of(self.model)),
                                       {"momentum": host_copies(self.momentum())}))
 
+    def change(self, k: int) -> None:
+        """The freeze schedule's change before iteration k (models.schedule), and the optimizer following it as users
+        make it follow: a newly trainable parameter joins in a param group of its own at the case's rate (Lightning's
+        BaseFinetuning.unfreeze_and_add_param_group); a newly frozen one stays in it with grad None, which torch's
+        SGD skips (no update, its momentum kept), so it must stay bitwise."""
+        if not apply_schedule(self.model, self.spec, k):
+            return
+        known = {id(p) for p in self.trained.values()}
+        new = {name: p for name, p in self.model.named_parameters()  # each Parameter once (tied ones too)
+               if p.requires_grad and id(p) not in known}
+        if not new:
+            return
+        if self.opt is None:
+            self.opt = training.sgd(new.values())
+        else:
+            self.opt.add_param_group({"params": list(new.values())})
+        training.set_lr(self.opt, self.record.lr if self.record.lr is not None else training.LR)
+        self.trained.update(new)
+
     def follow_reference(self, k: int) -> None:
         """The reference's trained parameters and momentum after step k - 1, copied in (see the class docstring)."""
         if self.follow is None or len(self.follow.steps) < k - 1:
@@ -191,6 +211,7 @@ class Trainer:
         stage = 0
         try:
             dispatch.set_phase("idle")
+            self.change(k)
             self.follow_reference(k)
             batch = self.batches[k - 1]
             self.hear("forward")
