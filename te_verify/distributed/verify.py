@@ -8,7 +8,8 @@ import torch
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, frozen_collectives, gradient_volume
-from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
+from te_verify.checks.dist_parity import (dist_grad_parity, dist_output_parity, dist_schedule_parity,
+                                          dist_state_left_behind)
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
 from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
@@ -22,6 +23,7 @@ from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import eager_trajectory, microbatches
+from te_verify.distributed.schedule import reference_iterations
 from te_verify.training import StateBytes
 from te_verify.distributed.pool.pool import PoolResult, RankPool
 from te_verify.distributed.types import units_of
@@ -234,6 +236,10 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
                                        params, layers, sharded, regathers, spec.dist.world_size))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
+    if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
+        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(spec),
+                                             {r: (o.scheduled_grads, o.schedule_error)
+                                              for r, o in enumerate(result.results)}, tol))
     if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts

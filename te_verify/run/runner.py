@@ -149,8 +149,7 @@ class Trainer:
         for k, batch in enumerate(self.batches[1:], start=2):
             record.inputs_before.update(input_states(batch, f" (iteration {k})"))
         self.opt = training.optimizer_for(model)
-        in_opt = {id(p) for group in self.opt.param_groups for p in group["params"]} if self.opt else set()
-        self.trained = {name: p for name, p in model.named_parameters() if id(p) in in_opt}
+        self.trained = self.in_optimizer()
 
     def momentum(self) -> dict[str, torch.Tensor]:
         """SGD's momentum buffer of every trained parameter, by name (none before the first step)."""
@@ -176,23 +175,18 @@ class Trainer:
                                       {"momentum": host_copies(self.momentum())}))
 
     def change(self, k: int) -> None:
-        """The freeze schedule's change before iteration k (models.schedule), and the optimizer following it as users
-        make it follow: a newly trainable parameter joins in a param group of its own at the case's rate (Lightning's
-        BaseFinetuning.unfreeze_and_add_param_group); a newly frozen one stays in it with grad None, which torch's
-        SGD skips (no update, its momentum kept), so it must stay bitwise."""
+        """The freeze schedule's change before iteration k (models.schedule), the optimizer following it
+        (training.follow_trainable: a newly frozen parameter stays in it with grad None, so it must stay bitwise)."""
         if not apply_schedule(self.model, self.spec, k):
             return
-        known = {id(p) for p in self.trained.values()}
-        new = {name: p for name, p in self.model.named_parameters()  # each Parameter once (tied ones too)
-               if p.requires_grad and id(p) not in known}
-        if not new:
-            return
-        if self.opt is None:
-            self.opt = training.sgd(new.values())
-        else:
-            self.opt.add_param_group({"params": list(new.values())})
-        training.set_lr(self.opt, self.record.lr if self.record.lr is not None else training.LR)
-        self.trained.update(new)
+        self.opt = training.follow_trainable(self.opt, self.model,
+                                             self.record.lr if self.record.lr is not None else training.LR)
+        self.trained = self.in_optimizer()
+
+    def in_optimizer(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters the optimizer holds, by name."""
+        in_opt = {id(p) for group in self.opt.param_groups for p in group["params"]} if self.opt else set()
+        return {name: p for name, p in self.model.named_parameters() if id(p) in in_opt}
 
     def follow_reference(self, k: int) -> None:
         """The reference's trained parameters and momentum after step k - 1, copied in (see the class docstring)."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from te_verify import training
-from te_verify.models import frozen_at_backward, make_inputs
+from te_verify.models import apply_schedule, frozen_at_backward, make_inputs
 from te_verify.spec import CaseSpec
 
 
@@ -30,7 +30,7 @@ def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None) -> list[d
     model, x, cotangent = frozen_at_backward(spec), inputs.x, inputs.grad_output
     if dtype is not None:
         model, x, cotangent = model.to(dtype), x.to(dtype), cotangent.to(dtype)
-    return training.eager_trajectory(model, x, cotangent, spec.iterations)
+    return training.eager_trajectory(model, x, cotangent, spec.iterations, lambda k: apply_schedule(model, spec, k))
 
 
 def load_te() -> None:
