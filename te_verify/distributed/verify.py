@@ -27,7 +27,7 @@ from te_verify.distributed.schedule import reference_iterations
 from te_verify.training import StateBytes
 from te_verify.distributed.pool.pool import PoolResult, RankPool
 from te_verify.distributed.types import units_of
-from te_verify.models import CPU, build_model, frozen_at_backward
+from te_verify.models import CPU, build_model, frozen_at_backward, masks_at
 from te_verify.oracle.required import BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad, required_flops, trainable_masks
 from te_verify.probes import default_probes
 from te_verify.record import INPUT_GRAD, Record
@@ -265,6 +265,9 @@ def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], l
 def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo], tol: Tolerance) -> list[Verdict]:
     """A training engine's parameters after every step against eager SGD's, and the state it keeps per rank."""
     frozen = {p.name for p in params if not p.trainable}
+    if spec.schedule:  # the parameters frozen in each step's iteration (a stack's, by models.schedule)
+        frozen = [{f"{i}.{kind}" for kind, mask in zip(("weight", "bias"), masks_at(spec, k)) if mask is not None
+                   for i, f in enumerate(mask) if f} for k in range(1, spec.iterations + 1)]
     ranks = dict(enumerate(result.results))
     truth = eager_trajectory(spec, torch.float64)
     return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),
