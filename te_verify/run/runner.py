@@ -179,8 +179,7 @@ class Trainer:
         (training.follow_trainable: a newly frozen parameter stays in it with grad None, so it must stay bitwise)."""
         if not apply_schedule(self.model, self.spec, k):
             return
-        self.opt = training.follow_trainable(self.opt, self.model,
-                                             self.record.lr if self.record.lr is not None else training.LR)
+        self.opt = training.follow_trainable(self.opt, self.model, self.record.lr)  # step 1 set the case's rate
         self.trained = self.in_optimizer()
 
     def in_optimizer(self) -> dict[str, torch.nn.Parameter]:
