@@ -1,6 +1,6 @@
 """Freeze schedules in the distributed lane: a data-parallel wrapper that reduces only the parameters trainable when
 it wrapped (DDP's static buckets) leaves a parameter unfrozen later rank-local, and dist_schedule_parity fails naming
-it and the iteration; its clean twin, which hooks every parameter that needs a gradient at each call, passes."""
+it and the iteration (and gradient_volume the bytes it did not reduce); its clean twin, which hooks every parameter that needs a gradient at each call, passes."""
 from __future__ import annotations
 
 import pytest
@@ -36,6 +36,8 @@ def test_wrapper_reducing_only_what_trained_at_wrap_time_fails_naming_the_unfroz
         assert f"rank {rank}: iteration 3: grad of 0.weight: max abs err" in schedule.message
     assert "grad of 2.weight" not in schedule.message  # reduced since the wrap
     assert verdicts["dist_grad_parity"].ok  # iteration 1, before the change, is right
+    volume = verdicts["gradient_volume"].message  # each iteration's collectives against what trains in it
+    assert "iteration 2:" in volume and "iteration 3:" in volume and "some were not reduced" in volume, volume
 
 
 def test_clean_twin_hooking_every_trainable_parameter_at_each_call_passes(pool):

@@ -232,8 +232,8 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     layout = (outcome.engine_state or {}).get("grad_buffer")
     verdicts.append(volume_per_iteration(spec, outcome.collectives, params, layout))
     sharded = shards(spec)
-    verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
-                                       params, layers, sharded, regathers, spec.dist.world_size))
+    verdicts.append(collectives_verdict(spec, {r: o.collectives for r, o in enumerate(result.results)}, sharded,
+                                        regathers))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
     if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
@@ -245,15 +245,43 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     return verdicts
 
 
+def spec_at(spec: CaseSpec, iteration: int) -> CaseSpec:
+    """The spec whose first iteration trains what `spec` trains in `iteration` (its freeze schedule's masks then):
+    the oracle of that iteration's collectives. `spec` itself without a schedule."""
+    if not spec.schedule:
+        return spec
+    weights, biases = masks_at(spec, iteration)
+    return spec.replace(weight_frozen=weights, bias_frozen=biases, freeze_timing="before", schedule=())
+
+
+def collectives_verdict(spec: CaseSpec, ranks: dict[int, list], sharded: bool, regathers: bool) -> Verdict:
+    """frozen_collectives over every iteration's calls; under a freeze schedule, iteration by iteration against the
+    parameters frozen in it."""
+    iterations = sorted({c.iteration for calls in ranks.values() for c in calls}) if spec.schedule else [None]
+    verdicts = []
+    for k in iterations:
+        at = spec_at(spec, 1 if k is None else k + 1)
+        params = param_infos(at)
+        verdict = frozen_collectives(spec.id, spec.dist.wrapper,
+                                     {r: [c for c in calls if k is None or c.iteration == k] for r, calls in ranks.items()},
+                                     params, layer_infos(at, params), sharded, regathers, spec.dist.world_size)
+        if k is not None and not verdict.ok:
+            verdict.message = f"iteration {k + 1}: {verdict.message}"
+        verdicts.append(verdict)
+    return merge_ranks("frozen_collectives", verdicts)
+
+
 def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], layout: StateBytes | None) -> Verdict:
-    """gradient_volume of each iteration (an engine's case runs several; a wrapper's one), as one verdict; an
-    engine's grad-buffer padding (`layout.slack`) is not waste, and one that keeps only its gradient partition
-    reduces every microbatch (Engine.reductions)."""
+    """gradient_volume of each iteration (an engine's case runs several; a wrapper's one, or more under a freeze
+    schedule, each against the parameters trainable in it), as one verdict; an engine's grad-buffer padding
+    (`layout.slack`) is not waste, and one that keeps only its gradient partition reduces every microbatch
+    (Engine.reductions)."""
     iterations = sorted({c.iteration for c in calls} or {0})
     trainer = engine(spec.dist.wrapper)
     verdicts = []
     for k in iterations:
-        verdict = gradient_volume(spec.id, spec.dist.wrapper, [c for c in calls if c.iteration == k], params,
+        at = params if not spec.schedule else param_infos(spec_at(spec, k + 1))
+        verdict = gradient_volume(spec.id, spec.dist.wrapper, [c for c in calls if c.iteration == k], at,
                                   spec.dist.world_size, layout.slack if layout else 0,
                                   trainer.reductions(spec) if trainer else 1)
         if len(iterations) > 1 and not verdict.ok:

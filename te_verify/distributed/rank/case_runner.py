@@ -193,7 +193,8 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
             step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
     if spec.schedule and wrapped.train is None:  # after every observation of the measured step
-        outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent)
+        outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
+                                                                               counter)
     if spec.schedule:  # what the run left: the schedule's last masks
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
     settle_collectives()  # while `wrapped` and its buffers are alive
