@@ -9,6 +9,7 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
+from te_verify.models.schedule import new_state_bytes
 from te_verify.models import (CaseInputs, apply_schedule, build_model, freeze, frozen_at_backward, make_inputs,
                               unfreeze_all)
 from te_verify import training
@@ -303,7 +304,7 @@ def _train(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, recor
             trainer.step(1, record.grads[-1])
             if probes:  # one iteration only: a plain step after it is the judged one
                 step = (lambda _: trainer.iteration(2)) if spec.iterations > 1 else None
-                retained = retention.second_step(fn, model, inputs, step=step)
+                retained = retention.second_step(fn, model, inputs, step=step, expected=new_state_bytes(spec, 2))
                 record.observations["retained"] = retained
                 record.figures["retained_bytes"] = retained.get("bytes")
     trainer.rest(3 if probes else 2)
