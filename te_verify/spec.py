@@ -31,6 +31,10 @@ RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant")
 # Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
 # optimizer steps moved and on FP8 scales two updates produced.
 ITERATIONS = 3
+# Changes a freeze schedule (CaseSpec.schedule) can make to the trainable set between iterations, on the stack's
+# layers: every parameter trainable; every layer frozen but the last (a frozen backbone under a trained head); the
+# inverse of the masks in force (LoRA-style phase switch); the weights frozen and the biases trainable (BitFit).
+SCHEDULE_CHANGES = ("unfreeze_all", "freeze_all_but_last", "swap", "bias_only")
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,9 @@ class CaseSpec:
     # Activation recompute (one of RECOMPUTE_MODES) around each block: a Llama block, or consecutive pairs of the
     # stack's layers (models.recompute.REGION_LAYERS). Backward recomputes a block's forward from its saved inputs.
     recompute: str = "none"
+    # Freeze schedule: (k, change) pairs, k ascending in 2..iterations; before iteration k the training loop applies
+    # the named change (SCHEDULE_CHANGES) to the trainable set, in every backend's model and in the reference alike.
+    schedule: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate(self)
@@ -267,6 +274,8 @@ class CaseSpec:
             parts.append(f"s{self.seed}")
         if self.recompute != "none":  # suffix only off the default, so existing ids stay
             parts.append(f"ckpt_{self.recompute}")
+        if self.schedule:  # suffix only off the default, so existing ids stay
+            parts.append("sched" + "+".join(f"{k}.{change}" for k, change in self.schedule))
         return "-".join(parts)
 
     def _stack_tag(self) -> list[str]:
@@ -302,6 +311,7 @@ class CaseSpec:
         if d.get("model") is not None:
             d["model"] = ModelConfig(**{**d["model"], "lora_on": tuple(d["model"].get("lora_on", ())),
                                         "frozen": tuple(d["model"].get("frozen", ()))})
+        d["schedule"] = tuple(tuple(change) for change in d.get("schedule", ()))
         if d.get("dist") is not None:
             dist = dict(d["dist"])
             dist["options"] = tuple(tuple(o) for o in dist.get("options", ()))
@@ -351,6 +361,23 @@ def _check_kind(m: ModelConfig, rules: KindRules) -> None:
     _check(rules.adapters_in_frozen_blocks or not m.lora_on or m.frozen_blocks < m.blocks,
            f"model.frozen_blocks={m.frozen_blocks}: a {m.kind} model has no adapters in frozen blocks, so one of "
            f"its {m.blocks} blocks must stay unfrozen")
+
+
+def _check_schedule(spec: CaseSpec) -> None:
+    """A freeze schedule: known changes at ascending iterations 2..iterations, on a stack outside the TE lane."""
+    schedule = spec.schedule
+    if not schedule:
+        return
+    _check(all(isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], int) and c[1] in SCHEDULE_CHANGES
+               for c in schedule), f"schedule={schedule!r}: expected (iteration, change) pairs, changes from "
+                                   f"{SCHEDULE_CHANGES}")
+    at = [k for k, _ in schedule]
+    _check(at == sorted(set(at)) and 2 <= at[0] and at[-1] <= spec.iterations,
+           f"schedule={schedule!r}: iterations ascending, each in 2..{spec.iterations} (iterations={spec.iterations})")
+    _check(spec.model is None and spec.te is None,
+           f"schedule={schedule!r}: changes the linear stack's masks; not for a model family or the TE lane")
+    _check(spec.has_bias or all(c != "bias_only" for _, c in schedule),
+           f"schedule={schedule!r}: 'bias_only' needs biases (bias_frozen is None)")
 
 
 def _check_model(spec: CaseSpec) -> None:
@@ -404,6 +431,7 @@ def validate(spec: CaseSpec) -> None:
     _check(spec.warmup_steps >= 0, f"warmup_steps={spec.warmup_steps!r}: cannot be negative")
     _check(isinstance(spec.iterations, int) and spec.iterations >= 1,
            f"iterations={spec.iterations!r}: at least one training iteration")
+    _check_schedule(spec)
     _check(spec.freeze_timing in FREEZE_TIMINGS, f"freeze_timing={spec.freeze_timing!r}: expected one of {FREEZE_TIMINGS}")
     _check(len(spec.batch_shape) in (1, 2) and all(b > 0 for b in spec.batch_shape),
            f"batch_shape={spec.batch_shape!r}: expected (batch,) or (batch, seq) with positive sizes")

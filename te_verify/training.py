@@ -82,6 +82,22 @@ def optimizer_for(model: torch.nn.Module) -> torch.optim.SGD | None:
     return sgd(params) if params else None
 
 
+def follow_trainable(opt: torch.optim.SGD | None, model: torch.nn.Module, lr: float = LR) -> torch.optim.SGD | None:
+    """The optimizer after a freeze schedule changed what trains, as users make it follow: a newly trainable
+    parameter joins in a param group of its own at `lr` (Lightning's BaseFinetuning.unfreeze_and_add_param_group); a
+    newly frozen one stays in it with grad None, which torch's SGD skips (no update, its momentum kept)."""
+    known = {id(p) for group in (opt.param_groups if opt is not None else ()) for p in group["params"]}
+    new = [p for p in trainable(model) if id(p) not in known]
+    if not new:
+        return opt
+    if opt is None:
+        opt = sgd(new)
+    else:
+        opt.add_param_group({"params": new})
+    set_lr(opt, lr)
+    return opt
+
+
 def optimizer_step(opt: torch.optim.Optimizer | None) -> None:
     """One step over the gradients (main_grad where a parameter keeps one), then every gradient cleared; nothing
     without an optimizer (nothing trains)."""
@@ -157,13 +173,16 @@ def chunked(x: torch.Tensor, cotangent: torch.Tensor, chunks: int) -> list[tuple
     return list(zip(x.chunk(chunks), cotangent.chunk(chunks)))
 
 
-def eager_trajectory(model: torch.nn.Module, x: torch.Tensor, cotangent: torch.Tensor,
-                     iterations: int) -> list[dict[str, torch.Tensor]]:
+def eager_trajectory(model: torch.nn.Module, x: torch.Tensor, cotangent: torch.Tensor, iterations: int,
+                     before: Callable[[int], bool] = lambda k: False) -> list[dict[str, torch.Tensor]]:
     """Single-process eager SGD: every parameter after each of `iterations` steps, by qualified name (a frozen
-    parameter's too: it must not change)."""
+    parameter's too: it must not change). `before(k)` runs before iteration k (1-based) and says whether it changed
+    what trains (a freeze schedule: the optimizer then follows, follow_trainable)."""
     opt = optimizer_for(model)
     after = []
-    for _ in range(iterations):
+    for k in range(1, iterations + 1):
+        if before(k):
+            opt = follow_trainable(opt, model)
         model(x.detach()).backward(cotangent)
         optimizer_step(opt)
         after.append({name: p.detach().clone() for name, p in model.named_parameters()})

@@ -288,3 +288,40 @@ def ddp_engine_decaying_frozen(model, spec) -> Wrapped:
 
 def ddp_engine_without_state(model, spec) -> Wrapped:
     return _ddp_engine(model, spec, declare_state=False)
+
+
+def _hooked_data_parallel(model, spec, rehook: bool) -> Wrapped:
+    """A hand-written data-parallel wrapper: each parameter it hooks sums its gradient over the ranks once autograd
+    has accumulated it (the caller's cotangent is not scaled: grad_divisor 1). It hooks the parameters that need a
+    gradient when it wraps; with `rehook`, also those that need one at any later call."""
+    import torch.distributed as dist
+
+    from te_verify.distributed.types import grad_of, param_slots, param_tensors, units_of, value_of
+
+    slots, layers, hooked = param_slots(model), units_of(model, spec), set()
+
+    def hook_trainable() -> None:
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in hooked:
+                hooked.add(id(p))
+                p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
+
+    def forward(x):
+        if rehook:
+            hook_trainable()
+        return model(x)
+
+    hook_trainable()
+    return Wrapped(forward, layers, lambda: param_tensors(slots, grad_of), lambda: param_tensors(slots, value_of),
+                   lambda: [0] * len(layers), 1.0)
+
+
+def dp_hooking_trainable_at_wrap(model, spec) -> Wrapped:
+    """Reduces only the parameters trainable when it wrapped (DDP's static buckets): one unfrozen later keeps its
+    rank-local gradient."""
+    return _hooked_data_parallel(model, spec, rehook=False)
+
+
+def dp_hooking_every_trainable(model, spec) -> Wrapped:
+    """The clean twin: hooks every parameter that needs a gradient at each call."""
+    return _hooked_data_parallel(model, spec, rehook=True)

@@ -50,7 +50,7 @@ def test_forward_writing_into_a_frozen_parameter_is_caught_by_state_left_behind(
     message = _failure(SPEC, WritesFrozenBias())
     assert "param:0.bias after the run: max abs err" in message
     assert "(written by the run; the reference leaves it unchanged)" in message and "rtol=0, atol=0" in message
-    assert "0.bias after step 1: changed, the reference left it as built" in message  # params_after_steps
+    assert "0.bias after step 1: changed, the reference's step left it unchanged" in message  # params_after_steps
     assert "forward output (iteration 1)" not in message  # the first forward read the bias before writing it
 
 

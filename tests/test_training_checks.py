@@ -132,3 +132,21 @@ def test_frozen_gathers_are_counted_per_iteration_and_microbatch_and_a_stale_row
         "gathered 2 times in forward, once needed" in twice.message, twice.message
     after_step = judge([_gather("1.weight", shard), _gather("1.weight", shard, phase="step")])
     assert not after_step.ok and "all_gather in step carried the values of frozen 1.weight" in after_step.message
+
+
+def test_eager_trajectory_and_params_after_steps_follow_a_freeze_schedule():
+    """Layer 0 frozen before iteration 2 (freeze_all_but_last on a stack training everything): eager SGD leaves it
+    alone from step 2 on (its grad None: torch's SGD skips it, momentum and all), and the check holds it bitwise
+    there, while step 1 still judges it as trained."""
+    spec = _spec("dist_schedule", "megatron_ddp", (False, False), widths=(8, 8, 8)).replace(
+        schedule=((2, "freeze_all_but_last"),))
+    want = eager_trajectory(spec)
+    assert torch.equal(want[1]["0.weight"], want[0]["0.weight"]) and torch.equal(want[2]["0.bias"], want[0]["0.bias"])
+    assert not torch.equal(want[1]["1.weight"], want[0]["1.weight"])
+    frozen = [set(), {"0.weight", "0.bias"}, {"0.weight", "0.bias"}]
+    assert params_after_steps("c", "e", want, {0: want}, frozen, TOL).ok
+    moved = _after(want, **{"1__0_weight": lambda t: t + 1e-7})  # a step that kept moving the frozen weight
+    verdict = params_after_steps("c", "e", want, {0: moved}, frozen, TOL)
+    assert not verdict.ok and "after step 2, frozen 0.weight: changed" in verdict.message, verdict.message
+    assert params_after_steps("c", "e", want, {0: _after(want, **{"0__0_weight": lambda t: t + 1e-7})}, frozen,
+                              TOL).ok  # step 1 trained it: within the tolerance

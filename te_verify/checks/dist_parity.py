@@ -59,3 +59,30 @@ def dist_output_parity(case_id: str, backend: str, ref: Record, ranks: list[Reco
 def dist_state_left_behind(case_id: str, backend: str, ref: Record, ranks: list[Record], tol: Tolerance) -> Verdict:
     """Each rank's full parameters after the run equal eager's (bitwise: no step runs, so nothing may change)."""
     return _per_rank("dist_state_left_behind", state_left_behind, case_id, backend, ref, ranks, tol)
+
+
+def dist_schedule_parity(case_id: str, backend: str, want: list[dict], ranks: dict[int, tuple[list[dict], str | None]],
+                         tol: Tolerance) -> Verdict:
+    """Under a freeze schedule, each rank's gradients of every iteration after the first (`ranks[r]`: their list and
+    what the wrapper raised, if it did) against eager's on the global batch (`want`: iterations 2, 3, ...): None-ness
+    and values, naming the iteration, the rank and the parameter (a parameter a wrapper stopped reducing after a
+    change is a rank-local gradient: its values differ)."""
+    head = f"[{case_id}] backend {backend}: after a freeze schedule's change"
+    problems, compared = [], 0
+    for rank, (grads, error) in sorted(ranks.items()):
+        if error is not None:
+            problems.append(f"rank {rank}: raised at {error}")
+        if len(grads) < len(want) and error is None:
+            problems.append(f"rank {rank}: {len(grads)} iterations after the first, {len(want)} expected")
+        for k, (ref, got) in enumerate(zip(want, grads), start=2):
+            found = presence_problems(ref, got, f"iteration {k}") + grad_mismatches(ref, got, tol, f"iteration {k}:")
+            problems += [f"rank {rank}: {p}" for p in found]
+            compared += sum(1 for n, g in ref.items() if g is not None and got.get(n) is not None)
+    figures = {"schedule_iterations_compared": len(want), "schedule_grads_compared": compared}
+    if not want:
+        return Verdict("dist_schedule_parity", False, f"{head}: nothing compared (the spec has no later iteration)",
+                       figures)
+    if problems:
+        return Verdict("dist_schedule_parity", False, f"{head}: gradients differ from eager on the global batch: "
+                       + "; ".join(problems), figures)
+    return Verdict("dist_schedule_parity", True, figures=figures)

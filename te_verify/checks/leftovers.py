@@ -91,9 +91,11 @@ def inputs_left(case_id: str, backend: str, got: Record) -> Verdict:
     return _verdict("inputs_left", case_id, backend, problems, {"inputs_compared": len(got.inputs_after)})
 
 
-def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None = None) -> Verdict:
-    """The second training iteration grows live memory by nothing (probes.retention). A run that ended before it
-    (`ending` says how) or ran without the measurement fails as not observed: nothing was judged."""
+def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None = None, allowed: int = 0) -> Verdict:
+    """The second training iteration grows live memory by nothing (probes.retention) beyond `allowed`: the optimizer
+    state a freeze schedule's change before it makes for the parameters it makes trainable (models.schedule). A run
+    that ended before it (`ending` says how) or ran without the measurement fails as not observed: nothing was
+    judged."""
     seen = got.observations.get("retained")
     if seen is None:
         if got.error is not None and ref is not None and ending_mismatch(ref, got) is None:
@@ -112,13 +114,17 @@ def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None 
                                                  f"measured one raised {seen['error']}")
     figures = {"retained_bytes": seen["bytes"], "retained_source": seen["source"],
                "retained_compared": "the second iteration's net growth"}
-    if not seen["bytes"]:
+    if allowed:
+        figures["retained_allowed_bytes"] = allowed
+    if seen["bytes"] <= allowed:
         return Verdict("memory_retained", True, figures=figures)
     where = (f"held by {', '.join(seen['holders'])}" if seen["holders"] else
              "held outside the model and the callable under test (a process-wide cache?)"
              if seen["source"] == "cpu_storage_tracker" else "holders not traced on the CUDA allocator")
     return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a training step after the measured one "
-                                             f"retained {seen['bytes']:,} B beyond the gradients ({seen['source']}), "
+                                             f"retained {seen['bytes']:,} B beyond the gradients ({seen['source']})"
+                                             + (f" and the {allowed:,} B of optimizer state its schedule's newly "
+                                                "trainable parameters need" if allowed else "") + ", "
                                              f"{where}", figures)
 
 
@@ -142,10 +148,11 @@ def process_left_by_test(where: str, left: list[str], compared: int) -> Verdict:
     return Verdict("process_state", True, figures=figures)
 
 
-def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, second_step: bool = True) -> list[Verdict]:
+def leftover_verdicts(case_id: str, backend: str, ref: Record, got: Record, second_step: bool = True,
+                      allowed: int = 0) -> list[Verdict]:
     """Every check of what a step leaves besides values; `second_step=False` where the runner takes none (the TE
-    lane's microbatch families)."""
+    lane's microbatch families); `allowed`: memory_retained's."""
     verdicts = [output_meta(case_id, backend, ref, got), grad_meta(case_id, backend, ref, got),
                 requires_grad_left(case_id, backend, ref, got), inputs_left(case_id, backend, got),
                 process_state(case_id, backend, ref, got)]
-    return verdicts + ([memory_retained(case_id, backend, got, ref)] if second_step else [])
+    return verdicts + ([memory_retained(case_id, backend, got, ref, allowed)] if second_step else [])

@@ -12,6 +12,7 @@ CHECKS: tuple[str, ...] = (
     "compare_options",  # run/compare_options.py
     "dist_grad_parity",  # checks/dist_parity.py
     "dist_output_parity",  # checks/dist_parity.py
+    "dist_schedule_parity",  # checks/dist_parity.py
     "dist_state_left_behind",  # checks/dist_parity.py
     "dist_waste_flops",  # distributed/verify.py
     "dist_waste_saved",  # distributed/verify.py

@@ -8,7 +8,8 @@
   backend must not write into them, e.g. a cast cache written back), else within the tolerance.
 - params_after_steps: after every optimizer step, every parameter equals the reference's after the same step:
   within the case's bound (its fp64 truth's trajectory, or the tolerance) where the step moved it, bitwise where the
-  reference's step left it as built (a frozen parameter).
+  reference's step left it as it was before that step (a frozen parameter; under a freeze schedule, one frozen now
+  that trained before).
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def param_problem(label: str, want: torch.Tensor, have: torch.Tensor | None, unc
         if torch.equal(have.cpu(), want.cpu()):
             return None
         change = (have.double().cpu() - want.double().cpu()).abs().max().item()
-        return f"{label}: changed, the reference left it as built (max abs change {change:.3g})"
+        return f"{label}: changed, the reference's step left it unchanged (max abs change {change:.3g})"
     if truth is not None and bound is not None:
         return truth_problem(label, want, have, truth, bound)
     return compare_tensor(label, want, have, tol)
@@ -90,8 +91,8 @@ def params_after_steps(case_id: str, backend: str, ref: Record, got: Record, tol
         want_step, have_step = ref.steps[k], got.steps[k]
         true_step = truth.steps[k] if truth is not None and len(truth.steps) > k else None
         for name, want in want_step.params.items():
-            built = ref.state_before.get(f"param:{name}")
-            unchanged = built is not None and torch.equal(built.cpu(), want.cpu())
+            before = ref.steps[k - 1].params.get(name) if k else ref.state_before.get(f"param:{name}")
+            unchanged = before is not None and torch.equal(before.cpu(), want.cpu())
             true = true_step.params.get(name) if true_step is not None else None
             problem = param_problem(f"{name} after step {want_step.iteration}", want, have_step.params.get(name),
                                     unchanged, tol.at(want_step.iteration), true, bound)

@@ -29,16 +29,19 @@ MADE_IN = {"optimizer_state": "step (the optimizer's first step makes its state)
 
 
 def params_after_steps(case_id: str, backend: str, want: list[dict[str, torch.Tensor]],
-                       ranks: dict[int, list[dict[str, torch.Tensor | None]]], frozen: set[str],
+                       ranks: dict[int, list[dict[str, torch.Tensor | None]]], frozen: set[str] | list[set[str]],
                        tol: Tolerance, truth: list[dict[str, torch.Tensor]] | None = None,
                        bound: TruthBound | None = None) -> Verdict:
     """Every rank's parameters after each step against eager SGD's (`want[k]`: after step k + 1), within `bound` of
-    the fp64 `truth` trajectory where given (module docstring)."""
+    the fp64 `truth` trajectory where given (module docstring). `frozen`: the parameters frozen in every step, or
+    per step (a freeze schedule changes them)."""
+    per_step = frozen if isinstance(frozen, list) else [frozen] * len(want)
     problems = []
     for rank, steps in sorted(ranks.items()):
         if len(steps) < len(want):
             problems.append(f"rank {rank}: {len(steps)} steps taken, {len(want)} expected")
         for k, (ref, got) in enumerate(zip(want, steps)):
+            frozen = per_step[k]
             for name, value in ref.items():
                 have = got.get(name)
                 label = f"rank {rank}, after step {k + 1}, {'frozen ' if name in frozen else ''}{name}"

@@ -8,7 +8,8 @@ import torch
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.collectives import ParamInfo, frozen_collectives, gradient_volume
-from te_verify.checks.dist_parity import dist_grad_parity, dist_output_parity, dist_state_left_behind
+from te_verify.checks.dist_parity import (dist_grad_parity, dist_output_parity, dist_schedule_parity,
+                                          dist_state_left_behind)
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
 from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
@@ -22,10 +23,11 @@ from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import eager_trajectory, microbatches
+from te_verify.distributed.schedule import reference_iterations
 from te_verify.training import StateBytes
 from te_verify.distributed.pool.pool import PoolResult, RankPool
 from te_verify.distributed.types import units_of
-from te_verify.models import CPU, build_model, frozen_at_backward
+from te_verify.models import CPU, build_model, frozen_at_backward, masks_at
 from te_verify.oracle.required import BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad, required_flops, trainable_masks
 from te_verify.probes import default_probes
 from te_verify.record import INPUT_GRAD, Record
@@ -230,24 +232,56 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     layout = (outcome.engine_state or {}).get("grad_buffer")
     verdicts.append(volume_per_iteration(spec, outcome.collectives, params, layout))
     sharded = shards(spec)
-    verdicts.append(frozen_collectives(spec.id, backend, {r: o.collectives for r, o in enumerate(result.results)},
-                                       params, layers, sharded, regathers, spec.dist.world_size))
+    verdicts.append(collectives_verdict(spec, {r: o.collectives for r, o in enumerate(result.results)}, sharded,
+                                        regathers))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
+    if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
+        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(spec),
+                                             {r: (o.scheduled_grads, o.schedule_error)
+                                              for r, o in enumerate(result.results)}, tol))
     if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts
 
 
+def spec_at(spec: CaseSpec, iteration: int) -> CaseSpec:
+    """The spec whose first iteration trains what `spec` trains in `iteration` (its freeze schedule's masks then):
+    the oracle of that iteration's collectives. `spec` itself without a schedule."""
+    if not spec.schedule:
+        return spec
+    weights, biases = masks_at(spec, iteration)
+    return spec.replace(weight_frozen=weights, bias_frozen=biases, freeze_timing="before", schedule=())
+
+
+def collectives_verdict(spec: CaseSpec, ranks: dict[int, list], sharded: bool, regathers: bool) -> Verdict:
+    """frozen_collectives over every iteration's calls; under a freeze schedule, iteration by iteration against the
+    parameters frozen in it."""
+    iterations = sorted({c.iteration for calls in ranks.values() for c in calls}) if spec.schedule else [None]
+    verdicts = []
+    for k in iterations:
+        at = spec_at(spec, 1 if k is None else k + 1)
+        params = param_infos(at)
+        verdict = frozen_collectives(spec.id, spec.dist.wrapper,
+                                     {r: [c for c in calls if k is None or c.iteration == k] for r, calls in ranks.items()},
+                                     params, layer_infos(at, params), sharded, regathers, spec.dist.world_size)
+        if k is not None and not verdict.ok:
+            verdict.message = f"iteration {k + 1}: {verdict.message}"
+        verdicts.append(verdict)
+    return merge_ranks("frozen_collectives", verdicts)
+
+
 def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], layout: StateBytes | None) -> Verdict:
-    """gradient_volume of each iteration (an engine's case runs several; a wrapper's one), as one verdict; an
-    engine's grad-buffer padding (`layout.slack`) is not waste, and one that keeps only its gradient partition
-    reduces every microbatch (Engine.reductions)."""
+    """gradient_volume of each iteration (an engine's case runs several; a wrapper's one, or more under a freeze
+    schedule, each against the parameters trainable in it), as one verdict; an engine's grad-buffer padding
+    (`layout.slack`) is not waste, and one that keeps only its gradient partition reduces every microbatch
+    (Engine.reductions)."""
     iterations = sorted({c.iteration for c in calls} or {0})
     trainer = engine(spec.dist.wrapper)
     verdicts = []
     for k in iterations:
-        verdict = gradient_volume(spec.id, spec.dist.wrapper, [c for c in calls if c.iteration == k], params,
+        at = params if not spec.schedule else param_infos(spec_at(spec, k + 1))
+        verdict = gradient_volume(spec.id, spec.dist.wrapper, [c for c in calls if c.iteration == k], at,
                                   spec.dist.world_size, layout.slack if layout else 0,
                                   trainer.reductions(spec) if trainer else 1)
         if len(iterations) > 1 and not verdict.ok:
@@ -259,6 +293,9 @@ def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], l
 def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo], tol: Tolerance) -> list[Verdict]:
     """A training engine's parameters after every step against eager SGD's, and the state it keeps per rank."""
     frozen = {p.name for p in params if not p.trainable}
+    if spec.schedule:  # the parameters frozen in each step's iteration (a stack's, by models.schedule)
+        frozen = [{f"{i}.{kind}" for kind, mask in zip(("weight", "bias"), masks_at(spec, k)) if mask is not None
+                   for i, f in enumerate(mask) if f} for k in range(1, spec.iterations + 1)]
     ranks = dict(enumerate(result.results))
     truth = eager_trajectory(spec, torch.float64)
     return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),

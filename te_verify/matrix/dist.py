@@ -41,6 +41,24 @@ def _timing(family: str, wrapper: str, options: tuple = ()) -> list[CaseSpec]:
     return [_spec(family, wrapper, alt, False, options, NON_SQUARE4, timing=t) for t in ("after", "unfreeze_after")]
 
 
+def schedule_specs(tier: str) -> list[CaseSpec]:
+    """Freeze schedules after wrapping (CaseSpec.schedule): a frozen prefix unfrozen after the first iteration, all
+    but the head frozen after it, on DDP and FSDP2; nightly adds DDP with find_unused_parameters, FSDP1 and a swap.
+    No training engine: their TrainSteps build the optimizer over what trains at wrap and cannot follow a change yet
+    (docs/training.md, Freeze schedules)."""
+    check_tier(tier)
+    masks = named_masks(4)
+    plans = [(masks["prefix"], ((2, "unfreeze_all"),)), (masks["none"], ((2, "freeze_all_but_last"),))]
+    wrappers = [("ddp", ()), ("fsdp2", ())]
+    if tier == "smoke":
+        plans = plans[:1]
+    if tier == "nightly":
+        plans.append((masks["alternating"], ((2, "swap"),)))
+        wrappers += [("ddp", (("find_unused_parameters", True),)), ("fsdp", ())]
+    return dedupe([_spec("dist_schedule", w, m, options=opts).replace(schedule=plan)
+                   for w, opts in wrappers for m, plan in plans])
+
+
 def ddp_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     specs = _pattern_grid("dist_ddp", "ddp", tier)

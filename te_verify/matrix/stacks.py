@@ -90,6 +90,26 @@ def timing_specs(tier: str) -> list[CaseSpec]:
                     for p in patterns for t in timings])
 
 
+def schedule_specs(tier: str) -> list[CaseSpec]:
+    """Freeze schedules (CaseSpec.schedule): a frozen backbone unfrozen after the first iteration, everything but the
+    head frozen after it; nightly adds a LoRA-style swap then biases alone, a later swap, the non-square stack, 3-D,
+    bf16, an input needing grad and freezing after prepare. Every iteration trains something (a step with nothing
+    to train raises in eager too and would end the run before the change)."""
+    check_tier(tier)
+    masks = named_masks(4)
+    plans = [(masks["prefix"], ((2, "unfreeze_all"),)), (masks["none"], ((2, "freeze_all_but_last"),))]
+    if tier == "smoke":
+        plans = plans[:1]
+    if tier == "nightly":
+        plans += [(masks["alternating"], ((2, "swap"), (3, "bias_only"))), (masks["suffix"], ((3, "swap"),))]
+    specs = [CaseSpec("schedule", SQUARE4, m, m, schedule=plan) for m, plan in plans]
+    if tier == "nightly":
+        specs += [CaseSpec("schedule", NON_SQUARE4, m, m, x, (4, 6), dtype, freeze_timing=timing, schedule=plan)
+                  for m, plan in plans for x in (False, True) for dtype in ("fp32", "bf16")
+                  for timing in ("before", "after")]
+    return dedupe(specs)
+
+
 FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
     "freeze": freeze_specs,
     "shapes": shapes_specs,
@@ -97,6 +117,7 @@ FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
     "dtype": dtype_specs,
     "replay": replay_specs,
     "timing": timing_specs,
+    "schedule": schedule_specs,
 }
 
 

@@ -8,6 +8,7 @@ import torch
 
 from te_verify import device as run_device
 from te_verify.models import hf_peft, litgpt_lora, llama, stack
+from te_verify.models.schedule import apply_schedule, masks_at
 from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs
 from te_verify.models.stack import Experts, set_frozen
 from te_verify.spec import CaseSpec
@@ -15,8 +16,8 @@ from te_verify.spec import CaseSpec
 # ModelConfig.kind -> its module (build, make_inputs, set_frozen); spec.MODEL_KINDS says what each can express.
 FAMILIES = {"llama": llama, "hf_peft": hf_peft, "litgpt_lora": litgpt_lora}
 
-__all__ = ["CPU", "TORCH_DTYPES", "CaseInputs", "Experts", "build_model", "freeze", "frozen_at_backward",
-           "make_inputs", "set_frozen", "unfreeze_all"]
+__all__ = ["CPU", "TORCH_DTYPES", "CaseInputs", "Experts", "apply_schedule", "build_model", "freeze",
+           "frozen_at_backward", "make_inputs", "masks_at", "set_frozen", "unfreeze_all"]
 
 
 def family_of(spec: CaseSpec):

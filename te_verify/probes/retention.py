@@ -115,14 +115,15 @@ class Retention:
             return torch.cuda.memory_allocated(self.device)
         return self._watcher.current_bytes
 
-    def _settled_growth(self, before: int) -> int:
+    def _settled_growth(self, before: int, expected: int = 0) -> int:
         """Live bytes grown since `before`, once what is about to be freed is: a reference cycle awaiting
         collection, and a finished collective's tensors that gloo's worker thread still holds for a moment after
         wait() returned (ProcessGroupGloo drops its in-progress work after marking it complete). Only paid when
-        something is left; a real holder keeps its bytes through every look."""
+        more than `expected` (growth the step makes by design) is left; a real holder keeps its bytes through every
+        look."""
         grown = self._live_bytes() - before
         for look in range(SETTLE_LOOKS):
-            if grown <= 0:
+            if grown <= expected:
                 break
             gc.collect()
             if look:
@@ -132,11 +133,12 @@ class Retention:
 
     def second_step(self, fn: Callable, model: torch.nn.Module, inputs: CaseInputs,
                     fn_label: str = "the backend's callable", unjudged: int = 0,
-                    step: Callable[[CaseInputs], None] | None = None) -> dict[str, Any]:
+                    step: Callable[[CaseInputs], None] | None = None, expected: int = 0) -> dict[str, Any]:
         """Run a plain step after the measured one (whose output the caller dropped), or `unjudged` steps and then
         that one, and return its net growth: `bytes`, the `holders` (attribute paths from the model and `fn`, named
         `fn_label`, CPU) of what it made and left alive, `source`; or `error` when a step raised. `step` replaces the
-        plain step (a training engine's whole iteration, its optimizer step included)."""
+        plain step (a training engine's whole iteration, its optimizer step included); `expected`: growth it makes by
+        design (a freeze schedule's new optimizer state), not waited out."""
         take = step or (lambda inputs: _step(fn, inputs))
         watcher = self._watcher
         if watcher is not None:
@@ -149,7 +151,7 @@ class Retention:
             take(inputs)
         except Exception as exc:  # a backend that cannot take a second step: the check reports it
             return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
-        grown = self._settled_growth(before)
+        grown = self._settled_growth(before, expected)
         named = []
         if grown > 0 and watcher is not None:
             named = holders({"model": model, fn_label: fn}, {p for p, _ in watcher.live_storages(made)})

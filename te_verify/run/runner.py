@@ -9,7 +9,9 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.models import CaseInputs, build_model, freeze, frozen_at_backward, make_inputs, unfreeze_all
+from te_verify.models.schedule import new_state_bytes
+from te_verify.models import (CaseInputs, apply_schedule, build_model, freeze, frozen_at_backward, make_inputs,
+                              unfreeze_all)
 from te_verify import training
 from te_verify.probes import dispatch
 from te_verify.probes.base import Probe
@@ -148,8 +150,7 @@ class Trainer:
         for k, batch in enumerate(self.batches[1:], start=2):
             record.inputs_before.update(input_states(batch, f" (iteration {k})"))
         self.opt = training.optimizer_for(model)
-        in_opt = {id(p) for group in self.opt.param_groups for p in group["params"]} if self.opt else set()
-        self.trained = {name: p for name, p in model.named_parameters() if id(p) in in_opt}
+        self.trained = self.in_optimizer()
 
     def momentum(self) -> dict[str, torch.Tensor]:
         """SGD's momentum buffer of every trained parameter, by name (none before the first step)."""
@@ -174,6 +175,19 @@ class Trainer:
         self.record.steps.append(Step(iteration, grads, host_copies(params_of(self.model)),
                                       {"momentum": host_copies(self.momentum())}))
 
+    def change(self, k: int) -> None:
+        """The freeze schedule's change before iteration k (models.schedule), the optimizer following it
+        (training.follow_trainable: a newly frozen parameter stays in it with grad None, so it must stay bitwise)."""
+        if not apply_schedule(self.model, self.spec, k):
+            return
+        self.opt = training.follow_trainable(self.opt, self.model, self.record.lr)  # step 1 set the case's rate
+        self.trained = self.in_optimizer()
+
+    def in_optimizer(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters the optimizer holds, by name."""
+        in_opt = {id(p) for group in self.opt.param_groups for p in group["params"]} if self.opt else set()
+        return {name: p for name, p in self.model.named_parameters() if id(p) in in_opt}
+
     def follow_reference(self, k: int) -> None:
         """The reference's trained parameters and momentum after step k - 1, copied in (see the class docstring)."""
         if self.follow is None or len(self.follow.steps) < k - 1:
@@ -191,6 +205,7 @@ class Trainer:
         stage = 0
         try:
             dispatch.set_phase("idle")
+            self.change(k)
             self.follow_reference(k)
             batch = self.batches[k - 1]
             self.hear("forward")
@@ -289,7 +304,7 @@ def _train(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, recor
             trainer.step(1, record.grads[-1])
             if probes:  # one iteration only: a plain step after it is the judged one
                 step = (lambda _: trainer.iteration(2)) if spec.iterations > 1 else None
-                retained = retention.second_step(fn, model, inputs, step=step)
+                retained = retention.second_step(fn, model, inputs, step=step, expected=new_state_bytes(spec, 2))
                 record.observations["retained"] = retained
                 record.figures["retained_bytes"] = retained.get("bytes")
     trainer.rest(3 if probes else 2)

@@ -30,7 +30,9 @@ from te_verify.distributed.types import Slot, Wrapped, WrapperError, param_slots
 from te_verify.distributed.wrappers import wrap
 from te_verify.oracle.sites import linear_weights
 from te_verify.run.isolation import fresh_case
-from te_verify.models import FAMILIES, CaseInputs, build_model, freeze, make_inputs, set_frozen, unfreeze_all
+from te_verify.distributed.schedule import scheduled_iterations
+from te_verify.models import (FAMILIES, CaseInputs, apply_schedule, build_model, freeze, make_inputs, set_frozen,
+                              unfreeze_all)
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
 from te_verify.probes.retention import Retention
@@ -85,6 +87,10 @@ class RankOutcome:
     params_after_steps: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
     # A training engine's state bytes per category after its last step, on this rank (None: its TrainStep has no state).
     engine_state: dict[str, StateBytes] | None = field(default_factory=dict)
+    # Under a freeze schedule, a wrapper's full gradients of iterations 2.. (distributed.schedule), and what it
+    # raised at a change (None: nothing).
+    scheduled_grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    schedule_error: str | None = None
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
@@ -186,6 +192,11 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         outcome.observations["retained"] = retention.second_step(
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
             step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
+    if spec.schedule and wrapped.train is None:  # after every observation of the measured step
+        outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
+                                                                               counter)
+    if spec.schedule:  # what the run left: the schedule's last masks
+        outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
     settle_collectives()  # while `wrapped` and its buffers are alive
     return outcome
 
@@ -243,6 +254,7 @@ def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: t
         counter.iteration, counter.microbatch = k, 0
         with counter.patched():
             if k:
+                apply_schedule(wrapped.layers, spec, k + 1)  # a freeze schedule's change, if any, before iteration k+1
                 run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
                               lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
             counter.phase = "step"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from te_verify import training
-from te_verify.models import frozen_at_backward, make_inputs
+from te_verify.models import apply_schedule, frozen_at_backward, make_inputs
 from te_verify.spec import CaseSpec
 
 
@@ -31,7 +31,7 @@ def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None) -> list[d
     if dtype is not None:  # token ids (LitGPT, transformers) stay integers: an embedding takes no float64 index
         model, cotangent = model.to(dtype), cotangent.to(dtype)
         x = x.to(dtype) if x.is_floating_point() else x
-    return training.eager_trajectory(model, x, cotangent, spec.iterations)
+    return training.eager_trajectory(model, x, cotangent, spec.iterations, lambda k: apply_schedule(model, spec, k))
 
 
 def load_te() -> None:

@@ -1,0 +1,48 @@
+"""Freeze schedules in the distributed lane: a data-parallel wrapper that reduces only the parameters trainable when
+it wrapped (DDP's static buckets) leaves a parameter unfrozen later rank-local, and dist_schedule_parity fails naming
+it and the iteration (and gradient_volume the bytes it did not reduce); its clean twin, which hooks every parameter that needs a gradient at each call, passes."""
+from __future__ import annotations
+
+import pytest
+
+from planted_wrappers import dp_hooking_every_trainable, dp_hooking_trainable_at_wrap
+from te_verify.distributed.pool.pool import RankPool
+from te_verify.distributed.verify import verify_dist
+from te_verify.matrix.dist import _spec
+from te_verify.matrix.tiers import named_masks
+
+PREFIX = named_masks(4)["prefix"]
+UNFREEZE = _spec("dist_schedule", "ddp", PREFIX).replace(schedule=((2, "unfreeze_all"),))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = RankPool(world_size=2, case_timeout_s=60.0)
+    yield pool
+    pool.close(graceful=True)
+
+
+def _verdicts(pool, wrap) -> dict:
+    return {v.check: v for v in verify_dist(UNFREEZE, pool, {}, wrap=wrap)}
+
+
+def test_wrapper_reducing_only_what_trained_at_wrap_time_fails_naming_the_unfrozen_parameter(pool):
+    verdicts = _verdicts(pool, dp_hooking_trainable_at_wrap)
+    schedule = verdicts["dist_schedule_parity"]
+    assert not schedule.ok
+    for rank in (0, 1):
+        for name in ("0.weight", "0.bias", "1.weight", "1.bias"):
+            assert f"rank {rank}: iteration 2: grad of {name}: max abs err" in schedule.message
+        assert f"rank {rank}: iteration 3: grad of 0.weight: max abs err" in schedule.message
+    assert "grad of 2.weight" not in schedule.message  # reduced since the wrap
+    assert verdicts["dist_grad_parity"].ok  # iteration 1, before the change, is right
+    volume = verdicts["gradient_volume"].message  # each iteration's collectives against what trains in it
+    assert "iteration 2:" in volume and "iteration 3:" in volume and "some were not reduced" in volume, volume
+
+
+def test_clean_twin_hooking_every_trainable_parameter_at_each_call_passes(pool):
+    verdicts = _verdicts(pool, dp_hooking_every_trainable)
+    failed = {name: v.message for name, v in verdicts.items() if not v.ok}
+    assert not failed, failed
+    assert verdicts["dist_schedule_parity"].figures == {"schedule_iterations_compared": 2,
+                                                          "schedule_grads_compared": 2 * 2 * 8}
