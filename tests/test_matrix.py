@@ -118,3 +118,26 @@ def test_thunder_te_names_why_te_verify_cannot_judge_nvfp4_over_a_bf16_model():
     assert backend.unsupported_reason(lora["mxfp8"]) != NVFP4_BF16_MODELS
     stack = block_spec("te_fp8", "nvfp4_rn", (32, 32), (False,), (False,), True)
     assert backend.unsupported_reason(stack) != NVFP4_BF16_MODELS
+
+
+@pytest.mark.parametrize("backend", ["te_eager", "thunder_te"])
+def test_every_te_stack_family_runs_split_weight_and_bias_masks_in_pr(backend):
+    """Issue 34, item 4: in every TE stack family the pr tier (the pairwise cover a run selects) holds a layer with a
+    trained weight and a frozen bias beside layers of the other combinations (a per-layer mix: all four (weight, bias)
+    pairs in one 4-layer stack, both weight and bias per layer in MoE's 2-layer mix), and a case with every weight
+    trained and every bias frozen; nightly both 4-layer mixes. te_lora is not a stack (its freezing is LoRA's)."""
+    from te_verify.matrix.selection import select_pr
+    from te_verify.matrix.te import FAMILIES
+    from te_verify.matrix.te_masks import MIXES, MOE_MIX, MOE_ONE, WEIGHT_TRAINED_BIAS_FROZEN
+
+    for family, gen in FAMILIES.items():
+        if family == "te_lora":
+            continue
+        chosen, _ = select_pr(family, backend, gen("pr"))
+        pairs = {(s.weight_frozen, s.bias_frozen) for s in chosen}
+        combos = lambda w, b: {(wi, bi) for wi, bi in zip(w, b)}  # noqa: E731
+        mixed = [p for p in pairs if p[1] is not None and len(combos(*p)) > 1 and (False, True) in combos(*p)]
+        assert mixed, f"{family}: no per-layer mix of weight and bias masks in pr on {backend}"
+        assert {WEIGHT_TRAINED_BIAS_FROZEN, MOE_ONE} & pairs, f"{family}: no trained weight + frozen bias in pr"
+        nightly = {(s.weight_frozen, s.bias_frozen) for s in gen("nightly")}
+        assert (set(MIXES) if family != "te_moe" else {MOE_MIX}) <= nightly, family
