@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from te_verify.matrix.te_masks import MOE_MIX, MOE_ONE, split_mask_specs
+from te_verify.matrix.te_orders import order_specs
 from te_verify.matrix.tiers import all_masks, check_tier, dedupe, named_masks
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
 
@@ -179,6 +180,10 @@ def contract_specs(tier: str) -> list[CaseSpec]:
     specs += split_mask_specs(tier, "te_contract", NARROW4, [dict(module=k, delay_wgrad=d, main_grad=mg, microbatches=2,
                                                                   grad_added_to_main_grad=a)
                                                              for k in kinds for d, mg, a in CONFIGS], mix=1, x_grads=(True,))
+    orders = kinds if tier == "nightly" else kinds[:2]  # pr: Linear and GroupedLinear, every config (item 5)
+    specs += order_specs(tier, "te_contract", NARROW4, [dict(module=k, delay_wgrad=d, main_grad=mg, microbatches=mb,
+                                                             grad_added_to_main_grad=a)
+                                                        for k in orders for d, mg, a in CONFIGS for mb in mbs])
     return dedupe(specs)
 
 
@@ -215,6 +220,8 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
               for mb in tied_mbs for rec in recipes]
     specs += split_mask_specs(tier, "te_delayed", NARROW4, [dict(recipe=r, delay_wgrad=True, microbatches=mb)
                                                             for r in (None, "delayed") for mb in (1, 2)])
+    specs += order_specs(tier, "te_delayed", NARROW4, [dict(recipe=r, delay_wgrad=True, microbatches=mb)
+                                                       for r in recipes for mb in mbs if mb > 1])
     return dedupe(specs)
 
 

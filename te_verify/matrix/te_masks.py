@@ -8,7 +8,7 @@ holds the whole grid, the pr tier its pairwise cover, over one of the two mixes 
 """
 from __future__ import annotations
 
-from te_verify.matrix.selection import choose
+from te_verify.matrix.selection import tier_grid
 from te_verify.matrix.tiers import check_tier, named_masks
 from te_verify.spec import CaseSpec, TEConfig
 
@@ -28,18 +28,11 @@ MOE_MIX: Masks = ((False, True), (True, False))
 def split_mask_specs(tier: str, family: str, widths: tuple[int, ...], options: list[dict], mix: int = 0,
                      x_grads: tuple[bool, ...] = (False, True), masks: tuple[Masks, ...] = (), **spec) -> list[CaseSpec]:
     """`masks` (default: the trained-weight/frozen-bias pattern and mix number `mix` in pr, both mixes in nightly) x TE
-    `options` (TEConfig keywords) x `x_grads` on `widths`: nightly the grid, pr its pairwise cover (selection.choose at
-    unit cost; the pr tier's own cover then runs what it needs of it), smoke none. `spec`: further CaseSpec fields
-    (batch_shape defaults to (16,), the FP8 GEMMs' rows)."""
+    `options` (TEConfig keywords) x `x_grads` on `widths`, by tier (selection.tier_grid). `spec`: further CaseSpec
+    fields (batch_shape defaults to (16,), the FP8 GEMMs' rows)."""
     check_tier(tier)
-    if tier == "smoke":
-        return []
     masks = masks or ((WEIGHT_TRAINED_BIAS_FROZEN, *MIXES) if tier == "nightly" else
                       (WEIGHT_TRAINED_BIAS_FROZEN, MIXES[mix]))
     spec.setdefault("batch_shape", (16,))
-    grid = [CaseSpec(family, widths, w, b, x, te=TEConfig(**o), **spec)
-            for w, b in masks for o in options for x in x_grads]
-    if tier == "nightly":
-        return grid
-    chosen, _ = choose([s.id for s in grid], grid, [1.0] * len(grid))
-    return [grid[i] for i in chosen]
+    return tier_grid(tier, [CaseSpec(family, widths, w, b, x, te=TEConfig(**o), **spec)
+                            for w, b in masks for o in options for x in x_grads])
