@@ -141,3 +141,27 @@ def test_every_te_stack_family_runs_split_weight_and_bias_masks_in_pr(backend):
         assert {WEIGHT_TRAINED_BIAS_FROZEN, MOE_ONE} & pairs, f"{family}: no trained weight + frozen bias in pr"
         nightly = {(s.weight_frozen, s.bias_frozen) for s in gen("nightly")}
         assert (set(MIXES) if family != "te_moe" else {MOE_MIX}) <= nightly, family
+
+
+def test_forwards_first_accumulation_is_drawn_and_validated():
+    """Issue 34, item 5: the microbatch families' pr cover holds forwards-first cases (Linear and GroupedLinear, with
+    delayed wgrad and main_grad among them; te_delayed high precision and FP8), the id says so only off the default,
+    and a bad order or a single microbatch fails in one line naming te.accumulation."""
+    from te_verify.matrix.selection import select_pr
+    from te_verify.matrix.te import contract_specs, delayed_specs
+    from te_verify.spec import TEConfig
+
+    contract = [s for s in select_pr("te_contract", "te_eager", contract_specs("pr"))[0]
+                if s.te.accumulation == "forwards_first"]
+    assert {s.te.module for s in contract} == {"linear", "grouped_linear"}
+    assert any(s.te.delay_wgrad for s in contract) and any(s.te.main_grad for s in contract)
+    delayed = [s for s in select_pr("te_delayed", "te_eager", delayed_specs("pr"))[0]
+               if s.te.accumulation == "forwards_first"]
+    assert {s.te.recipe for s in delayed} == {None, "delayed"} and all(s.id.endswith(".fwdfirst") for s in delayed)
+    assert not any("fwdfirst" in s.id for s in contract_specs("nightly") if s.te.accumulation == "interleaved")
+    base = dict(family="te_contract", widths=(16, 16), weight_frozen=(False,), bias_frozen=(False,))
+    for te, culprit in ((TEConfig(microbatches=2, accumulation="backwards_first"), "te.accumulation='backwards_first'"),
+                        (TEConfig(accumulation="forwards_first"), "needs te.microbatches > 1")):
+        with pytest.raises(SpecError, match=culprit) as info:
+            CaseSpec(**base, te=te)
+        assert "\n" not in str(info.value)
