@@ -6,6 +6,8 @@ same way with and without delay passes the bitwise comparison: `grad_parity` aft
 is right) and, over 2-3 microbatches, `grad_accumulation` after the last (they add up as eager's do), in every
 training iteration, and `params_after_steps` after every optimizer step. Later microbatches reuse the FP8 weight copy
 of the first (TE's is_first_microbatch, as Megatron passes it), and an optimizer step must refresh it.
+Every parameter's gradient is present or None as eager's (`grad_presence`): backward_dw must not give a frozen bias
+one (issue 34, item 4).
 Tied weights (TE issue 3437) are cases of this family; the reference's behaviour is in tests/test_te_delayed_wgrad.py.
 """
 import dataclasses
@@ -14,6 +16,7 @@ from te_verify.backends.eager import EagerBackend
 from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
+from te_verify.checks.presence import grad_presence
 from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.systematic import grad_scale
@@ -48,6 +51,7 @@ def test_te_delayed(case):
     case.require([ending(spec.id, case.backend_name, judged, got),
                   return_contract(spec.id, case.backend_name, spec, spec.te.module, ref, got, grads),
                   *vs_eager(case, got, eager, quantized),
+                  grad_presence(spec.id, case.backend_name, eager, got),
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),

@@ -17,6 +17,9 @@ RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4", "nvfp4_rn", "c
 CUSTOM_FACTORIES = ("high_precision_fwd_mxfp8_bwd_factory",)
 TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
 FP8_FORMATS = ("E4M3", "HYBRID")
+# How a microbatch iteration orders its passes: each forward followed by its backward, or every forward before any
+# backward (several forwards live at once: one module called more than once per step, fairscale PR 1079's order).
+ACCUMULATIONS = ("interleaved", "forwards_first")
 # Wrappers that compute gradients (one forward and backward per case), then training engines (distributed.engines: one
 # file each; their cases take optimizer steps).
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp",
@@ -100,6 +103,9 @@ class TEConfig:
     amax_history_len: int = 1024
     # CustomRecipe's factory: a name of CUSTOM_FACTORIES (recipe "custom" only).
     qfactory: str = ""
+    # Order of the microbatches' passes: "interleaved" (forward, backward, forward, backward) or "forwards_first"
+    # (forward, forward, backward, backward); ACCUMULATIONS.
+    accumulation: str = "interleaved"
 
     @property
     def tag(self) -> str:
@@ -123,6 +129,8 @@ class TEConfig:
                                                  if self.frozen_experts else ""))
         if self.amax_history_len != 1024:
             parts.append(f"h{self.amax_history_len}")
+        if self.accumulation != "interleaved":  # suffix only off the default, so existing ids stay
+            parts.append("fwdfirst")
         return ".".join(parts)
 
 
@@ -352,6 +360,12 @@ def _check_experts(spec: CaseSpec) -> None:
         _check(rows % te.experts == 0, f"batch_shape={spec.batch_shape!r}: rows must split evenly over {te.experts} experts")
 
 
+def _check_accumulation(te: TEConfig) -> None:
+    _check(te.accumulation in ACCUMULATIONS, f"te.accumulation={te.accumulation!r}: expected one of {ACCUMULATIONS}")
+    _check(te.accumulation == "interleaved" or te.microbatches > 1,
+           f"te.accumulation={te.accumulation!r} needs te.microbatches > 1 (one microbatch has one order)")
+
+
 def _check_kind(m: ModelConfig, rules: KindRules) -> None:
     _check(rules.hidden_input or m.embedding, f"model.embedding=False: a {m.kind} model takes token ids")
     _check(rules.headless or m.head, f"model.head=False: a {m.kind} model always has its LM head")
@@ -451,6 +465,7 @@ def validate(spec: CaseSpec) -> None:
                "te.grad_added_to_main_grad=True needs te.main_grad=True")
         _check_tied(spec)
         _check_experts(spec)
+        _check_accumulation(spec.te)
     _check_recompute(spec)
     if spec.dist is not None:
         _check(spec.dist.wrapper in WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,

@@ -109,6 +109,8 @@ SMALLEST: dict[str, Smallest] = {
         None, "tests/test_te_impl_families.py runs it"),
     "python scripts/upstream/te_frozen_weight_bias_grad.py --cpu": Smallest(
         None, "boots TE's Python (seconds); the TE lane's BitFit cases hold the same gap"),
+    "python scripts/upstream/te_backward_dw_frozen_bias_grad.py --cpu": Smallest(
+        None, "boots TE's Python (seconds); the te_delayed and te_contract split-mask cases hold the same gap"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),

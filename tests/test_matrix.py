@@ -118,3 +118,50 @@ def test_thunder_te_names_why_te_verify_cannot_judge_nvfp4_over_a_bf16_model():
     assert backend.unsupported_reason(lora["mxfp8"]) != NVFP4_BF16_MODELS
     stack = block_spec("te_fp8", "nvfp4_rn", (32, 32), (False,), (False,), True)
     assert backend.unsupported_reason(stack) != NVFP4_BF16_MODELS
+
+
+@pytest.mark.parametrize("backend", ["te_eager", "thunder_te"])
+def test_every_te_stack_family_runs_split_weight_and_bias_masks_in_pr(backend):
+    """Issue 34, item 4: in every TE stack family the pr tier (the pairwise cover a run selects) holds a layer with a
+    trained weight and a frozen bias beside layers of the other combinations (a per-layer mix: all four (weight, bias)
+    pairs in one 4-layer stack, both weight and bias per layer in MoE's 2-layer mix), and a case with every weight
+    trained and every bias frozen; nightly both 4-layer mixes. te_lora is not a stack (its freezing is LoRA's)."""
+    from te_verify.matrix.selection import select_pr
+    from te_verify.matrix.te import FAMILIES
+    from te_verify.matrix.te_masks import MIXES, MOE_MIX, MOE_ONE, WEIGHT_TRAINED_BIAS_FROZEN
+
+    for family, gen in FAMILIES.items():
+        if family == "te_lora":
+            continue
+        chosen, _ = select_pr(family, backend, gen("pr"))
+        pairs = {(s.weight_frozen, s.bias_frozen) for s in chosen}
+        combos = lambda w, b: {(wi, bi) for wi, bi in zip(w, b)}  # noqa: E731
+        mixed = [p for p in pairs if p[1] is not None and len(combos(*p)) > 1 and (False, True) in combos(*p)]
+        assert mixed, f"{family}: no per-layer mix of weight and bias masks in pr on {backend}"
+        assert {WEIGHT_TRAINED_BIAS_FROZEN, MOE_ONE} & pairs, f"{family}: no trained weight + frozen bias in pr"
+        nightly = {(s.weight_frozen, s.bias_frozen) for s in gen("nightly")}
+        assert (set(MIXES) if family != "te_moe" else {MOE_MIX}) <= nightly, family
+
+
+def test_forwards_first_accumulation_is_drawn_and_validated():
+    """Issue 34, item 5: the microbatch families' pr cover holds forwards-first cases (Linear and GroupedLinear, with
+    delayed wgrad and main_grad among them; te_delayed high precision and FP8), the id says so only off the default,
+    and a bad order or a single microbatch fails in one line naming te.accumulation."""
+    from te_verify.matrix.selection import select_pr
+    from te_verify.matrix.te import contract_specs, delayed_specs
+    from te_verify.spec import TEConfig
+
+    contract = [s for s in select_pr("te_contract", "te_eager", contract_specs("pr"))[0]
+                if s.te.accumulation == "forwards_first"]
+    assert {s.te.module for s in contract} == {"linear", "grouped_linear"}
+    assert any(s.te.delay_wgrad for s in contract) and any(s.te.main_grad for s in contract)
+    delayed = [s for s in select_pr("te_delayed", "te_eager", delayed_specs("pr"))[0]
+               if s.te.accumulation == "forwards_first"]
+    assert {s.te.recipe for s in delayed} == {None, "delayed"} and all(s.id.endswith(".fwdfirst") for s in delayed)
+    assert not any("fwdfirst" in s.id for s in contract_specs("nightly") if s.te.accumulation == "interleaved")
+    base = dict(family="te_contract", widths=(16, 16), weight_frozen=(False,), bias_frozen=(False,))
+    for te, culprit in ((TEConfig(microbatches=2, accumulation="backwards_first"), "te.accumulation='backwards_first'"),
+                        (TEConfig(accumulation="forwards_first"), "needs te.microbatches > 1")):
+        with pytest.raises(SpecError, match=culprit) as info:
+            CaseSpec(**base, te=te)
+        assert "\n" not in str(info.value)

@@ -22,11 +22,13 @@ def presence_problems(ref_grads: dict, got_grads: dict, pass_index: int | str = 
     return problems
 
 
-def grad_presence(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:
+def grad_presence(case_id: str, backend: str, ref: Record, got: Record, suffix: str = "") -> Verdict:
     """Every gradient present in the reference is present in `got`, and every None stays None, after every pass both
-    runs completed (how each ended is the `ending` check's)."""
-    points = [(k, ref_grads, got_grads) for k, (ref_grads, got_grads) in enumerate(zip(ref.grads, got.grads), start=1)]
-    points += [(f"iteration {r.iteration}", r.grads, g.grads) for r, g in zip(ref.steps[1:], got.steps[1:])]
+    runs completed (how each ended is the `ending` check's). `suffix`: only the parameters whose names end with it
+    (".bias" in te_contract, where a weight's .grad is the return contract's: None or a dummy under main_grad)."""
+    pick = lambda grads: {n: g for n, g in grads.items() if n.endswith(suffix)}  # noqa: E731
+    points = [(k, pick(r), pick(g)) for k, (r, g) in enumerate(zip(ref.grads, got.grads), start=1)]
+    points += [(f"iteration {r.iteration}", pick(r.grads), pick(g.grads)) for r, g in zip(ref.steps[1:], got.steps[1:])]
     problems = []
     for when, ref_grads, got_grads in points:
         problems = presence_problems(ref_grads, got_grads, when)

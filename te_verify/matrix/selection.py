@@ -93,6 +93,14 @@ def choose(ids: list[str], specs: list[CaseSpec], costs: list[float]) -> tuple[l
     return sorted(chosen), len(wanted)
 
 
+def tier_grid(tier: str, grid: list[CaseSpec]) -> list[CaseSpec]:
+    """A generator's grid for `tier`: nightly all of it, pr its pairwise cover at unit cost (the plugin's own cover,
+    weighted by measured cost, then runs what it needs of it), smoke none."""
+    if tier == "smoke" or not grid:
+        return []
+    return grid if tier == "nightly" else [grid[i] for i in choose([s.id for s in grid], grid, [1.0] * len(grid))[0]]
+
+
 @lru_cache(maxsize=1)
 def measured_costs() -> dict[str, float]:
     """"family/backend/case id" -> seconds, from the committed table ({} when absent)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from te_verify.matrix.te_masks import MOE_MIX, MOE_ONE, split_mask_specs
+from te_verify.matrix.te_orders import order_specs
 from te_verify.matrix.tiers import all_masks, check_tier, dedupe, named_masks
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
 
@@ -103,6 +105,7 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
                                     for x in (False, True)]
                          + [block_spec("te_fp8", r, NON_SQUARE4, masks["all"], BIAS_TRAINED, x) for x in (False, True)],
                          pr_all=True)
+    specs += split_mask_specs(tier, "te_fp8", NON_SQUARE4, [dict(recipe=r) for r in RECIPES])
     return dedupe(specs)
 
 
@@ -138,6 +141,7 @@ def peft_specs(tier: str) -> list[CaseSpec]:
                                                     False),
                          lambda r: [block_spec("te_peft", r, NON_SQUARE4, m, b, x) for m in named_masks(4).values()
                                     for b in (m, None) for x in (False, True)])
+    specs += split_mask_specs(tier, "te_peft", NON_SQUARE4, [dict(recipe=r) for r in (None, "delayed")], mix=1)
     return dedupe(specs)
 
 
@@ -155,6 +159,8 @@ def replay_specs(tier: str) -> list[CaseSpec]:
                                                     named_masks(4)["alternating"], True, replays=2),
                          lambda r: [block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["prefix"],
                                                named_masks(4)["prefix"], True, replays=3)])
+    specs += split_mask_specs(tier, "te_replay", NON_SQUARE4, [dict(recipe=r) for r in (None, "delayed")], x_grads=(True,),
+                              replays=2)
     return dedupe(specs)
 
 
@@ -171,6 +177,13 @@ def contract_specs(tier: str) -> list[CaseSpec]:
         specs += [CaseSpec("te_contract", NARROW4, mask, BIAS_TRAINED, True, (16,),
                            te=TEConfig(None, kind, mg, added, delay, 2))
                   for kind in kinds for delay, mg, added in CONFIGS[:2]]
+    specs += split_mask_specs(tier, "te_contract", NARROW4, [dict(module=k, delay_wgrad=d, main_grad=mg, microbatches=2,
+                                                                  grad_added_to_main_grad=a)
+                                                             for k in kinds for d, mg, a in CONFIGS], mix=1, x_grads=(True,))
+    orders = kinds if tier == "nightly" else kinds[:2]  # pr: Linear and GroupedLinear, every config (item 5)
+    specs += order_specs(tier, "te_contract", NARROW4, [dict(module=k, delay_wgrad=d, main_grad=mg, microbatches=mb,
+                                                             grad_added_to_main_grad=a)
+                                                        for k in orders for d, mg, a in CONFIGS for mb in mbs])
     return dedupe(specs)
 
 
@@ -205,6 +218,10 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
     specs += [CaseSpec("te_delayed", SQUARE4, named_masks(4)["none"], named_masks(4)["none"], True, (16,),
                        te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb, tied=(1, 2)))
               for mb in tied_mbs for rec in recipes]
+    specs += split_mask_specs(tier, "te_delayed", NARROW4, [dict(recipe=r, delay_wgrad=True, microbatches=mb)
+                                                            for r in (None, "delayed") for mb in (1, 2)])
+    specs += order_specs(tier, "te_delayed", NARROW4, [dict(recipe=r, delay_wgrad=True, microbatches=mb)
+                                                       for r in recipes for mb in mbs if mb > 1])
     return dedupe(specs)
 
 
@@ -231,6 +248,9 @@ def moe_specs(tier: str) -> list[CaseSpec]:
                          lambda r: [block_spec("te_moe", r, MOE_WIDTHS, (False,), (False,), x, te=moe(f),
                                                batch_shape=MOE_ROWS) for f in ((0, 2), (), (0, 1, 2, 3))
                                     for x in (False, True)])
+    split = [dict(recipe=r, module=m, experts=4) for r in (None, "delayed") for m in ("grouped_linear", "ops_grouped_linear")]
+    specs += [s for w, m in ((MOE_WIDTHS, MOE_ONE), (MOE_WIDTHS + (32,), MOE_MIX))
+              for s in split_mask_specs(tier, "te_moe", w, split, masks=(m,), batch_shape=MOE_ROWS)]
     return dedupe(specs)
 
 

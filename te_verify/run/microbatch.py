@@ -1,6 +1,6 @@
 """Drive a TE-lane spec over `spec.te.microbatches` microbatches (forward, backward, backward_dw when
-delayed) on any backend, and observe what the weight-gradient contract is about: param.grad after each
-microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
+delayed; interleaved, or every forward first: te.accumulation) on any backend, and observe what the weight-gradient
+contract is about: param.grad after each microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
 how often autograd accumulated into .grad.
 """
 from __future__ import annotations
@@ -80,24 +80,38 @@ class MicrobatchTrainer:
         self.trainer = Trainer(fn, model, spec, record, follow, watchers=watchers)
 
     def iteration(self, k: int, watch: "ContractWatch | None" = None) -> None:
-        """Iteration k: every microbatch's forward, backward and backward_dw; `watch` observes the first iteration."""
+        """Iteration k: every microbatch's forward, backward and backward_dw, each backward right after its forward
+        or (te.accumulation "forwards_first") every forward first, the backwards then in the same order; `watch`
+        observes the first iteration."""
         if k > 1:
             self.trainer.follow_reference(k)
-        for m, inputs in enumerate(self.per_iteration[k - 1]):
-            self.trainer.hear("forward")
-            out = self.fn(inputs.x, is_first_microbatch=m == 0) if self.first_flag else self.fn(inputs.x)
-            self.record.add_output(out, f"iteration {k}, microbatch {m + 1}" if self.spec.iterations > 1
-                                   else f"microbatch {m + 1}", k, host=k > 1)
-            if watch is not None:
-                watch.before_backward()
-            self.trainer.hear("backward", m + 1)
-            out.backward(inputs.grad_output)
-            if watch is not None:
-                watch.after_backward(m)
-            if hasattr(self.fn, "backward_dw") and self.spec.te.delay_wgrad:
-                self.fn.backward_dw()
-            if watch is not None:
-                watch.after_microbatch(inputs)
+        batches = list(enumerate(self.per_iteration[k - 1]))
+        if self.spec.te.accumulation == "forwards_first":  # several forwards' graphs alive at once
+            outs = [self._forward(k, m, inputs) for m, inputs in batches]
+            for (m, inputs), out in zip(batches, outs):
+                self._backward(m, inputs, out, watch)
+        else:
+            for m, inputs in batches:
+                self._backward(m, inputs, self._forward(k, m, inputs), watch)
+
+    def _forward(self, k: int, m: int, inputs: CaseInputs) -> torch.Tensor:
+        self.trainer.hear("forward")
+        out = self.fn(inputs.x, is_first_microbatch=m == 0) if self.first_flag else self.fn(inputs.x)
+        self.record.add_output(out, f"iteration {k}, microbatch {m + 1}" if self.spec.iterations > 1
+                               else f"microbatch {m + 1}", k, host=k > 1)
+        return out
+
+    def _backward(self, m: int, inputs: CaseInputs, out: torch.Tensor, watch: "ContractWatch | None") -> None:
+        if watch is not None:
+            watch.before_backward()
+        self.trainer.hear("backward", m + 1)
+        out.backward(inputs.grad_output)
+        if watch is not None:
+            watch.after_backward(m)
+        if hasattr(self.fn, "backward_dw") and self.spec.te.delay_wgrad:
+            self.fn.backward_dw()
+        if watch is not None:
+            watch.after_microbatch(inputs)
 
     def step(self, k: int) -> None:
         """The optimizer step ending iteration k (its gradients those after the last microbatch)."""
