@@ -10,6 +10,10 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
   parameter, so neither counts; in FP8 cases both are new quantized copies in TE's per-tensor format: one
   layout of the data (1 byte per element: the columnwise copy the backward GEMM reads on sm90, the rowwise one
   on sm100) and its scale_inv (one fp32 element in its own storage), so two storages per copy.
+- autocast (spec.autocast): each GEMM reads low-precision copies made in the forward (one cast per weight and per
+  input); the copy of the layer input is saved iff wgrad is needed, the weight's copy iff dgrad is needed (what
+  eager's autocast saves), each once and in the autocast's dtype. A saved copy of a frozen weight whose dgrad is not
+  needed, or a second copy of one, is waste.
 - every backward replay repeats the backward GEMMs; the forward runs once.
 - experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
   of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
@@ -180,6 +184,19 @@ def fp8_copy_bytes(site: Site, kind: str, recipe: str = "delayed") -> int:
     return sum(b for _, b in fp8_copy_storages(site, kind, recipe))
 
 
+def compute_dtype(spec: CaseSpec) -> str:
+    """The dtype a case's GEMMs run in: its autocast's where it runs under one, else its parameters'."""
+    return spec.autocast or spec.dtype
+
+
+def autocast_copy_bytes(spec: CaseSpec, site: Site, kind: str) -> int:
+    """Bytes of the low-precision copy of a site's input or weight ("input" or "weight") a GEMM under autocast reads
+    and backward keeps: one cast per forward, in the autocast's dtype. Layer 0's input is a new copy of the model
+    input too (the model input itself is fp32)."""
+    elements = site.rows * site.fan_in if kind == "input" else site.fan_in * site.fan_out
+    return elements * BYTES_PER_ELEMENT[compute_dtype(spec)]
+
+
 def required_saved(spec: CaseSpec) -> RequiredSaved:
     """The new tensors backward needs kept (plain or FP8 by `spec.te.recipe`), per site."""
     if not graph_exists(spec):
@@ -195,6 +212,8 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
             if fp8:
                 items += [(s.layer, label if part == "data" else f"{label}_{part}", b)
                           for part, b in fp8_copy_storages(s, kind, spec.te.recipe)]
+            elif spec.autocast:
+                items.append((s.layer, label, autocast_copy_bytes(spec, s, kind)))
             elif kind == "input" and s.layer > 0:
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
