@@ -64,3 +64,14 @@ def test_a_second_cast_copy_of_a_weight_fails_waste_saved():
     assert failed(found) == {"waste_saved"}
     assert ("layer 1 (input needs grad, dgrad needed): saved weight_copy [40, 24] 1,920 B, a second copy, 1 "
             "required (a torch.bfloat16 copy of layer 1's frozen weight)") in found["waste_saved"].message
+
+
+def test_tolerances_come_from_the_gemms_precision_and_still_catch_a_one_percent_lean():
+    from planted_backends import LeansOnePercent
+
+    found = verdicts(MIDDLE_FROZEN, LeansOnePercent())
+    # bf16 GEMMs: one bf16 rounding (2^-9) is the floor, not fp32's eight (checks.tolerances.truth_bound)
+    assert "floor 0.00195 x |truth|" in found["grad_parity"].figures["tolerance"]
+    assert {"grad_scale", "grad_parity"} <= failed(found)
+    assert "grad of 0.weight leans 1.0100 x its fp64 truth" in found["grad_scale"].message
+    assert "grad of 0.weight: error vs the fp64 truth" in found["grad_parity"].message
