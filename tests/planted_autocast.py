@@ -11,6 +11,8 @@ its input and weight to the autocast's dtype itself, as a custom kernel wrapper 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from te_verify.spec import CaseSpec
@@ -58,11 +60,13 @@ class CastLinear:
         return True, ""
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        faults = self.faults
+        """Every torch.nn.Linear of the model (a stack's layers, a Llama block's projections and LoRA bases) runs
+        _CastLinear; the model's other ops run as they are."""
+        for module in model.modules():
+            if type(module) is torch.nn.Linear:
+                module.forward = functools.partial(_cast_forward, module, self.faults)
+        return model
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            for layer in model:
-                x = _CastLinear.apply(x, layer.weight, layer.bias, faults)
-            return x
 
-        return run
+def _cast_forward(module: torch.nn.Linear, faults: frozenset, x: torch.Tensor) -> torch.Tensor:
+    return _CastLinear.apply(x, module.weight, module.bias, faults)

@@ -6,8 +6,9 @@ import pytest
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.verdict import CheckFailures
+from te_verify.matrix.models import LORA_TARGETS, model_spec
 from te_verify.run.caserun import CaseRun
-from te_verify.spec import CaseSpec, SpecError
+from te_verify.spec import CaseSpec, ModelConfig, SpecError
 from planted_autocast import CastLinear
 
 # Layer 0's weight frozen (its bias trains, so it has a backward) and the input needs no grad: layer 0's dgrad is
@@ -75,3 +76,20 @@ def test_tolerances_come_from_the_gemms_precision_and_still_catch_a_one_percent_
     assert {"grad_scale", "grad_parity"} <= failed(found)
     assert "grad of 0.weight leans 1.0100 x its fp64 truth" in found["grad_scale"].message
     assert "grad of 0.weight: error vs the fp64 truth" in found["grad_parity"].message
+
+
+LLAMA_LORA = model_spec("autocast", ModelConfig(lora_on=LORA_TARGETS["qv"]), True, autocast="bf16")
+
+
+def test_a_llama_block_through_a_correct_cast_passes():
+    found = verdicts(LLAMA_LORA, CastLinear())
+    assert failed(found) == set(), [v.message for v in found.values() if not v.ok]
+
+
+def test_a_second_cast_copy_in_a_llama_block_fails_naming_the_site():
+    found = verdicts(LLAMA_LORA, CastLinear("second_weight_copy"))
+    assert failed(found) == {"waste_saved"}
+    message = found["waste_saved"].message
+    assert "site blocks.0.attn.q.base (frozen weight, dgrad needed): saved 2 cast copies of its weight, 1 required" \
+        in message
+    assert "site blocks.0.mlp.fc_1 (frozen weight, dgrad needed): saved 2 cast copies" in message

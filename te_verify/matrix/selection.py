@@ -50,6 +50,7 @@ def factors(spec: CaseSpec) -> dict[str, str]:
     values = {"dtype": spec.dtype, "x_grad": str(spec.input_requires_grad), "replays": str(spec.replays),
               "warmup": str(spec.warmup_steps), "freeze_timing": spec.freeze_timing,
               "input_rank": str(len(spec.batch_shape))}
+    values["autocast"] = spec.autocast or "none"
     if spec.model is None:
         values.update(depth=str(len(spec.widths) - 1), frozen=mask_class(spec.weight_frozen),
                       bias=mask_class(spec.bias_frozen), square=str(len(set(spec.widths)) == 1))

@@ -225,7 +225,7 @@ def _family_saved(spec: CaseSpec) -> RequiredSaved:
     for s in sites(spec):
         if "wgrad" in s.roles() and not s.input_is_model_input and s.input_value not in seen:
             seen.add(s.input_value)
-            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[compute_dtype(spec)]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
 
 
