@@ -164,7 +164,7 @@ def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
     elements = {"fprop": x + w, "dgrad": dy + w, "wgrad": x + dy}[role]
     fp8 = spec.te is not None and spec.te.recipe is not None
     fp8 = fp8 and not (role == "fprop" and spec.te.recipe in HIGH_PRECISION_FPROP)
-    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype])
+    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[compute_dtype(spec)])
 
 
 def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
