@@ -18,7 +18,7 @@ import torch
 from te_verify.spec import CaseSpec
 
 
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
+def autocast_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the enclosing autocast region runs in on x's device (x's own dtype outside one)."""
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
@@ -27,7 +27,7 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
 class _CastLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, faults):
-        dtype = _autocast_dtype(x)
+        dtype = autocast_dtype(x)
         needs_x, needs_w = ctx.needs_input_grad[:2]
         xc, wc = x.to(dtype), weight.to(dtype)
         keep_w = wc if (needs_x or "frozen_weight_copy" in faults) else None
