@@ -250,7 +250,21 @@ def required_peak(spec: CaseSpec) -> int:
     weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
                       for i in range(spec.n_layers)) if spec.replays > 1 else 0
     output = rows * spec.widths[-1]
-    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp)
+    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp) + _cast_peak(spec)
+
+
+def _cast_peak(spec: CaseSpec) -> int:
+    """Under autocast, the forward's cast copies of weights and biases: autocast caches the casts of trainable leaves
+    for the whole region (every trainable layer's at once), and a frozen layer's lives while its GEMM runs (the largest
+    one); 0 without autocast."""
+    if not spec.autocast:
+        return 0
+    weights, biases = trainable_masks(spec)
+    sizes = [(spec.widths[i] * spec.widths[i + 1], spec.widths[i + 1] if spec.has_bias else 0)
+             for i in range(spec.n_layers)]
+    cached = sum(w * weights[i] + b * biases[i] for i, (w, b) in enumerate(sizes))
+    in_flight = max((w * (not weights[i]) + b * (not biases[i]) for i, (w, b) in enumerate(sizes)), default=0)
+    return BYTES_PER_ELEMENT[compute_dtype(spec)] * (cached + in_flight)
 
 
 def te_sites(spec: CaseSpec) -> list[str]:
