@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 DTYPES = ("fp32", "bf16")
+# CaseSpec.autocast: "" (none) or the dtype torch.autocast runs the step's forward in over the spec's fp32 parameters.
+AUTOCASTS = ("", "bf16")
 FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4", "nvfp4_rn", "custom")
 # TE's CustomRecipe factories (custom_recipes/quantizer_factory_zoo.py) a spec may name; te.reference models each.
@@ -249,6 +251,9 @@ class CaseSpec:
     # Freeze schedule: (k, change) pairs, k ascending in 2..iterations; before iteration k the training loop applies
     # the named change (SCHEDULE_CHANGES) to the trainable set, in every backend's model and in the reference alike.
     schedule: tuple[tuple[int, str], ...] = ()
+    # Mixed precision: "" (none) or "bf16": fp32 parameters and inputs, every forward (every backend's and eager's;
+    # not the fp64 truth's) under torch.autocast(dtype=torch.bfloat16), as users train; backward outside it.
+    autocast: str = ""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -267,6 +272,8 @@ class CaseSpec:
         parts.append("x_grad" if self.input_requires_grad else "x_nograd")
         parts.append("in" + "x".join(map(str, self.batch_shape)))
         parts.append(self.dtype)
+        if self.autocast:  # suffix only off the default, so existing ids stay
+            parts.append(f"ac{self.autocast}")
         parts.append(f"r{self.replays}")
         if self.warmup_steps:
             parts.append(f"wu{self.warmup_steps}")
@@ -428,6 +435,12 @@ def _check_recompute(spec: CaseSpec) -> None:
            f"recompute={spec.recompute!r}: not built for the distributed lane (dist={spec.dist.tag if spec.dist else None})")
     _check(spec.recompute == "none" or spec.model is None or spec.model.kind == "llama",
            f"recompute={spec.recompute!r}: only the llama family wraps its blocks (model.kind={spec.model and spec.model.kind!r})")
+def _check_autocast(spec: CaseSpec) -> None:
+    _check(spec.autocast in AUTOCASTS, f"autocast={spec.autocast!r}: expected one of {AUTOCASTS}")
+    _check(not spec.autocast or spec.dtype == "fp32",
+           f"autocast={spec.autocast!r} needs dtype='fp32' parameters (dtype is {spec.dtype!r})")
+    _check(not spec.autocast or spec.dist is None,
+           f"autocast={spec.autocast!r}: the distributed lane does not run autocast cases yet (dist is set)")
 
 
 def validate(spec: CaseSpec) -> None:
@@ -467,6 +480,7 @@ def validate(spec: CaseSpec) -> None:
         _check_experts(spec)
         _check_accumulation(spec.te)
     _check_recompute(spec)
+    _check_autocast(spec)
     if spec.dist is not None:
         _check(spec.dist.wrapper in WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
                f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS} or a declared wrapper's name")

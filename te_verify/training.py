@@ -110,6 +110,30 @@ def optimizer_step(opt: torch.optim.Optimizer | None) -> None:
     zero_main_grads(params)
 
 
+# CaseSpec.autocast -> the dtype torch.autocast runs the forward in.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
+
+
+class AutocastForward:
+    """A backend's callable called under torch.autocast (CaseSpec.autocast): the mixed-precision forward a user's
+    step runs. The region is entered and left inside each call, on the device of the call's input, so backward and
+    the optimizer step run outside it as in users' loops, and no autocast state outlives the call
+    (process_state would name it)."""
+
+    def __init__(self, fn: Callable, dtype: torch.dtype) -> None:
+        self.__wrapped__ = fn
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            return self.__wrapped__(x, *args, **kwargs)
+
+
+def autocast_forward(fn: Callable, autocast: str) -> Callable:
+    """`fn`, or `fn` under torch.autocast in the dtype `autocast` names (AutocastForward); "" means none."""
+    return AutocastForward(fn, AUTOCAST_DTYPES[autocast]) if autocast else fn
+
+
 def default_backward(out: torch.Tensor, cotangent: torch.Tensor) -> None:
     out.backward(cotangent)
 

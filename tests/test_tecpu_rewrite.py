@@ -1,4 +1,4 @@
-"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R9 rewrites what it
+"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R10 rewrites what it
 should, records (file, line, rule), keeps line numbers, and leaves other code alone; the finder serves only
 `transformer_engine.*`; the version gate and the surface loader fail with one-line messages."""
 from __future__ import annotations
@@ -101,6 +101,13 @@ def test_r9_torch_version_cuda_is_the_emulated_cuda_version() -> None:
     scope, sites = run("ok = torch.version.cuda\nv = torch.version.git_version\n")
     assert scope["ok"] == "12.9-emulated", f"R9: {scope['ok']}"
     assert rules(sites) == [(1, "R9")], f"R9 sites: {sites}"
+
+
+def test_r10_argumentless_is_autocast_enabled_reads_the_emulated_devices_autocast() -> None:
+    scope, sites = run("a = torch.is_autocast_enabled()\nwith torch.autocast('cpu', dtype=torch.bfloat16):\n"
+                       "    b = torch.is_autocast_enabled()\nc = torch.is_autocast_enabled('cpu')\n")
+    assert (scope["a"], scope["b"], scope["c"]) == (False, True, False), f"R10: {scope}"
+    assert rules(sites) == [(1, "R10"), (3, "R10")], f"R10 sites: {sites}"
 
 
 def test_line_numbers_are_kept() -> None:

@@ -15,6 +15,7 @@ import types
 import torch
 
 from te_verify.spec import CaseSpec
+from planted_autocast import autocast_dtype
 
 
 class _PlantedLinear(torch.autograd.Function):
@@ -95,11 +96,14 @@ class _SplitKLinear(torch.autograd.Function):
 
 
 def _split_k(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The Linear through _SplitKLinear; eager's linear where a dimension is too small to split."""
+    """The Linear through _SplitKLinear; eager's linear where a dimension is too small to split. Under autocast its
+    operands are first cast to the autocast's dtype, as autocast casts F.linear's (one copy each, saved as eager's)."""
     x2 = x.reshape(-1, x.shape[-1])  # a view where eager's linear flattens with a view too
     if min(x2.shape[0], *self.weight.shape) < 2:
         return torch.nn.functional.linear(x, self.weight, self.bias)
-    out = _SplitKLinear.apply(x2, self.weight, self.bias)
+    dtype = autocast_dtype(x)
+    operands = [t if t is None or t.dtype == dtype else t.to(dtype) for t in (x2, self.weight, self.bias)]
+    out = _SplitKLinear.apply(*operands)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -10,6 +10,8 @@
   says so per site). Everything else saved (norms, activations, attention internals) is recorded beside eager's bytes,
   not judged: no structural rule exists for it, and backends trade saving for recomputing there (measured on
   LoRA-on-every-projection blocks: torch.compile saves about 20% less than eager, thunder 0.2.6 about 7% more).
+- Under autocast (spec.autocast), per site: at most one cast copy of its weight kept, and only where its dgrad needs
+  it (what eager's autocast keeps).
 - Peak memory is recorded beside eager's, not judged: no structural bound exists for attention and norm
   intermediates, and eager's schedule is not the only valid one.
 """
@@ -67,6 +69,25 @@ def _saved_by_value(spec: CaseSpec, record: Record) -> tuple[Counter, Counter, i
     return count, nbytes, other
 
 
+def _weight_copy_problems(spec: CaseSpec, got: Record) -> list[str]:
+    """Under autocast every site's GEMMs read a cast copy of its weight: at most one kept for backward, and only where
+    the site's dgrad needs it (a frozen weight's copy with no dgrad to feed, or a second copy, is waste). Without
+    autocast a weight is its Parameter, not a new saved storage, and nothing is judged here."""
+    if not spec.autocast:
+        return []
+    copies = Counter(item.layer for item in got.observations.get("saved_storages", [])
+                     if item.kind == "weight_copy" and item.layer is not None)
+    problems = []
+    for layer, n in sorted(copies.items()):
+        site = site_at(spec, layer)
+        allowed = int("dgrad" in site.roles())
+        if n > allowed:
+            problems.append(f"site {site.label} ({'trainable' if site.weight_trainable else 'frozen'} weight, dgrad "
+                            f"{'needed' if allowed else 'not needed'}): saved {n} cast copies of its weight, "
+                            f"{allowed} required")
+    return problems
+
+
 def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: str, label: str | None = None
                          ) -> Verdict:
     """Saved tensors per site value against the oracle, what is not a site beside `eager`'s run (`label` names the
@@ -85,6 +106,7 @@ def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: st
             problems.append(f"sites {_sites_reading(spec, value)}: saved their input {n} time(s) "
                             f"({nbytes[value]:,} B), {allowed} allowed ({int(value in required)} required, "
                             f"{eager_count[value]} in eager)")
+    problems += _weight_copy_problems(spec, got)
     figures = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count,
                "saved_sites_bytes": sum(nbytes.values()), "saved_outside_sites_bytes": other,
                "saved_outside_sites_bytes_eager": eager_other,

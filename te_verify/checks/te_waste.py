@@ -170,13 +170,33 @@ def _unaccounted(record: Record) -> list[str]:
     if "tex_record" not in obs or "saved_items" not in obs:
         return []
     named = {key[0] for key in obs["tex_record"].provenance} | {root[0] for root in obs.get("input_layers", {})}
-    kept = {item.key: item for item in obs["saved_items"] if item.new and item.key not in named}
+    named |= {root[0] for root in obs.get("param_layers", {})}  # cast copies of a weight (autocast): _cast_copies
+    kept = {item.key: item for item in obs["saved_items"]
+            if item.new and item.key not in named and not (item.root and item.root[0] in named)}
     if not kept:
         return []
     kinds = Counter(f"{item.dtype.removeprefix('torch.')}{list(item.shape)}" for item in kept.values())
     return [f"saved storages no FP8 copy or layer input accounts for: "
             f"{', '.join(f'{n} x {kind}' for kind, n in sorted(kinds.items()))} "
             f"({sum(item.storage_bytes for item in kept.values()):,} B)"]
+
+
+def _cast_copies(spec: CaseSpec, record: Record) -> list[str]:
+    """Under autocast: each saved cast copy of a weight beyond the one its layer's dgrad needs (a torch op's copy,
+    followed back to the Parameter), naming the layer."""
+    layers = record.observations.get("param_layers", {})
+    required, seen, lines = required_roles(spec), Counter(), []
+    for item in record.observations.get("saved_items", []):
+        layer = layers.get(item.root) if item.new and item.root else None
+        if layer is None or item.key in seen:
+            continue
+        seen[item.key] += 1
+        seen[layer] += 1
+        allowed = int("dgrad" in required.get(layer, set()))
+        if seen[layer] > allowed:
+            lines.append(f"layer {layer} (dgrad {'needed' if allowed else 'not needed'}): saved a {item.dtype} copy "
+                         f"of its weight {list(item.shape)} {item.storage_bytes:,} B, {allowed} required")
+    return lines
 
 
 def _surplus(spec: CaseSpec, record: Record) -> list[str]:
@@ -188,7 +208,7 @@ def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     events = [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
               for e in record.observations.get("te_saved", [])
               if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
-    return events + _unaccounted(record)
+    return events + _cast_copies(spec, record) + _unaccounted(record)
 
 
 def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:

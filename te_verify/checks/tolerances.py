@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_verify.oracle.required import compute_dtype
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -64,7 +65,8 @@ def tolerance_for(spec: CaseSpec, backend: str = "") -> Tolerance:
     """The tolerance a backend's gradients must meet against the fp32/dtype eager reference."""
     if spec.te is not None and spec.te.recipe is not None:
         return RECIPE_TOLERANCES["hybrid" if spec.te.fp8_format == "HYBRID" else spec.te.recipe]
-    return OVERRIDES.get((backend, spec.dtype), DTYPE_TOLERANCES[spec.dtype])
+    dtype = compute_dtype(spec)  # the precision the GEMMs ran in (bf16 under autocast), not the parameters'
+    return OVERRIDES.get((backend, dtype), DTYPE_TOLERANCES[dtype])
 
 
 # A model family's output and gradients pass through softmax attention and RMSNorm, whose sums a backend may
@@ -89,7 +91,7 @@ def derived_tolerance(spec: CaseSpec, eager: Record, truth: Record) -> Tolerance
     the first iteration's outputs and backward passes (and warm-up steps); each later iteration gets its own atol the
     same way from its output and gradients (the truth follows eager's parameters, runner.Trainer, so an iteration's
     deviation is that iteration's rounding, which grows as training moves the parameters)."""
-    base = DTYPE_TOLERANCES[spec.dtype]
+    base = DTYPE_TOLERANCES[compute_dtype(spec)]
     iterations = eager.output_iterations or [1] * len(eager.outputs)  # a record without them: one step
     first = [k for k, i in enumerate(iterations) if i <= 1]
     pairs = [(eager.outputs[k], truth.outputs[k]) for k in first if k < len(truth.outputs)]
@@ -101,7 +103,7 @@ def derived_tolerance(spec: CaseSpec, eager: Record, truth: Record) -> Tolerance
         outputs = [(o, t) for o, t, i in zip(eager.outputs, truth.outputs, iterations) if i == mine.iteration]
         later.append((mine.iteration, max(base.atol, DERIVED_FUDGE * _deviation(outputs + _grad_pairs(mine.grads, true.grads)))))
     atol = max(base.atol, DERIVED_FUDGE * deviation)
-    return Tolerance(base.rtol, atol, f"{spec.dtype} table rtol; atol {DERIVED_FUDGE:g} x eager's max deviation "
+    return Tolerance(base.rtol, atol, f"{compute_dtype(spec)} table rtol; atol {DERIVED_FUDGE:g} x eager's max deviation "
                                       f"{deviation:.2e} from fp64, each iteration's own (PyTorch SDPA tests' "
                                       f"get_tolerances)", tuple(later))
 
@@ -144,6 +146,7 @@ class TruthBound:
 
 def truth_bound(spec: CaseSpec, truth: Record) -> TruthBound:
     """The bound of a case against its fp64 truth (see TRUTH_FACTOR)."""
-    floor = FLOOR_ROUNDINGS[spec.dtype] * UNIT_ROUNDOFF[spec.dtype]
+    dtype = compute_dtype(spec)  # under autocast the GEMMs round in bf16 whatever the parameters' dtype
+    floor = FLOOR_ROUNDINGS[dtype] * UNIT_ROUNDOFF[dtype]
     return TruthBound(truth, TRUTH_FACTOR, floor, f"normwise error vs fp64 <= {TRUTH_FACTOR:g} x eager's, floor "
                                                   f"{floor:.3g} x |truth| (PyTorch SDPA tests; Higham ch. 3)")

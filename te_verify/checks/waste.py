@@ -202,7 +202,8 @@ def _role_flops(events: list) -> Counter:
 
 
 def _saved_surplus(spec: CaseSpec, record: Record) -> list[str]:
-    wanted = {(layer, kind) for layer, kind, _ in required_saved(spec).items}
+    required = {(layer, kind) for layer, kind, _ in required_saved(spec).items}
+    wanted = set(required)
     lines = []
     for item in record.observations.get("saved_storages", []):
         if (item.layer, item.kind) in wanted:
@@ -216,8 +217,18 @@ def _saved_surplus(spec: CaseSpec, record: Record) -> list[str]:
                   f"{'needed' if needs else 'not needed'})"
         else:
             why = "unattributed layer"
-        lines.append(f"{why}: saved {item.kind} {list(item.shape)} {item.nbytes:,} B, 0 required")
+        again = (item.layer, item.kind) in required  # one was required and kept already: this is a second copy
+        lines.append(f"{why}: saved {item.kind} {list(item.shape)} {item.nbytes:,} B, "
+                     f"{'a second copy, 1' if again else '0'} required{_copy_of(spec, item)}")
     return lines
+
+
+def _copy_of(spec: CaseSpec, item) -> str:
+    """' (a torch.bfloat16 copy of layer 1's frozen weight)' for an attributed weight copy, else ''."""
+    if item.kind != "weight_copy" or item.layer is None:
+        return ""
+    state = "trainable" if site_at(spec, item.layer).weight_trainable else "frozen"
+    return f" (a {item.dtype or 'cast'} copy of {site_name(spec, item.layer)}'s {state} weight)"
 
 
 def saved_verdict(spec: CaseSpec, record: Record, backend: str, label: str | None = None, allowance: int = 0

@@ -52,6 +52,7 @@ def factors(spec: CaseSpec) -> dict[str, str]:
               "input_rank": str(len(spec.batch_shape)), "recompute": spec.recompute}
     if spec.schedule:  # a factor only where set, so existing cases' factors stay
         values["schedule"] = "+".join(f"{k}.{change}" for k, change in spec.schedule)
+    values["autocast"] = spec.autocast or "none"
     if spec.model is None:
         values.update(depth=str(len(spec.widths) - 1), frozen=mask_class(spec.weight_frozen),
                       bias=mask_class(spec.bias_frozen), square=str(len(set(spec.widths)) == 1))

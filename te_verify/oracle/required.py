@@ -10,6 +10,10 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
   parameter, so neither counts; in FP8 cases both are new quantized copies in TE's per-tensor format: one
   layout of the data (1 byte per element: the columnwise copy the backward GEMM reads on sm90, the rowwise one
   on sm100) and its scale_inv (one fp32 element in its own storage), so two storages per copy.
+- autocast (spec.autocast): each GEMM reads low-precision copies made in the forward (one cast per weight and per
+  input); the copy of the layer input is saved iff wgrad is needed, the weight's copy iff dgrad is needed (what
+  eager's autocast saves), each once and in the autocast's dtype. A saved copy of a frozen weight whose dgrad is not
+  needed, or a second copy of one, is waste.
 - every backward replay repeats the backward GEMMs; the forward runs once.
 - experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
   of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
@@ -165,7 +169,7 @@ def operand_bytes(spec: CaseSpec, site: Site, role: str) -> int:
     elements = {"fprop": x + w, "dgrad": dy + w, "wgrad": x + dy}[role]
     fp8 = spec.te is not None and spec.te.recipe is not None
     fp8 = fp8 and not (role == "fprop" and spec.te.recipe in HIGH_PRECISION_FPROP)
-    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[spec.dtype])
+    return elements * (FP8_BYTES if fp8 else BYTES_PER_ELEMENT[compute_dtype(spec)])
 
 
 def required_roles(spec: CaseSpec) -> dict[str, set[str]]:
@@ -183,6 +187,19 @@ def fp8_copy_storages(site: Site, kind: str, recipe: str = "delayed") -> list[tu
 def fp8_copy_bytes(site: Site, kind: str, recipe: str = "delayed") -> int:
     """Bytes of one FP8 copy backward reads (fp8_copy_storages summed)."""
     return sum(b for _, b in fp8_copy_storages(site, kind, recipe))
+
+
+def compute_dtype(spec: CaseSpec) -> str:
+    """The dtype a case's GEMMs run in: its autocast's where it runs under one, else its parameters'."""
+    return spec.autocast or spec.dtype
+
+
+def autocast_copy_bytes(spec: CaseSpec, site: Site, kind: str) -> int:
+    """Bytes of the low-precision copy of a site's input or weight ("input" or "weight") a GEMM under autocast reads
+    and backward keeps: one cast per forward, in the autocast's dtype. Layer 0's input is a new copy of the model
+    input too (the model input itself is fp32)."""
+    elements = site.rows * site.fan_in if kind == "input" else site.fan_in * site.fan_out
+    return elements * BYTES_PER_ELEMENT[compute_dtype(spec)]
 
 
 def required_saved(spec: CaseSpec) -> RequiredSaved:
@@ -204,6 +221,8 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
             if fp8:
                 items += [(s.layer, label if part == "data" else f"{label}_{part}", b)
                           for part, b in fp8_copy_storages(s, kind, spec.te.recipe)]
+            elif spec.autocast:
+                items.append((s.layer, label, autocast_copy_bytes(spec, s, kind)))
             elif kind == "input" and s.layer > 0:
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
@@ -219,7 +238,7 @@ def _family_saved(spec: CaseSpec) -> RequiredSaved:
             continue
         if "wgrad" in s.roles() and not s.input_is_model_input and s.input_value not in seen:
             seen.add(s.input_value)
-            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+            items.append((s.layer, "input", s.rows * s.fan_in * BYTES_PER_ELEMENT[compute_dtype(spec)]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
 
 
@@ -246,7 +265,21 @@ def required_peak(spec: CaseSpec) -> int:
                       for i in range(spec.n_layers)) if spec.replays > 1 else 0
     output = rows * spec.widths[-1]
     recompute = working_elements(spec, sites(spec))
-    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp + recompute)
+    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp + recompute) + _cast_peak(spec)
+
+
+def _cast_peak(spec: CaseSpec) -> int:
+    """Under autocast, the forward's cast copies of weights and biases: autocast caches the casts of trainable leaves
+    for the whole region (every trainable layer's at once), and a frozen layer's lives while its GEMM runs (the largest
+    one); 0 without autocast."""
+    if not spec.autocast:
+        return 0
+    weights, biases = trainable_masks(spec)
+    sizes = [(spec.widths[i] * spec.widths[i + 1], spec.widths[i + 1] if spec.has_bias else 0)
+             for i in range(spec.n_layers)]
+    cached = sum(w * weights[i] + b * biases[i] for i, (w, b) in enumerate(sizes))
+    in_flight = max((w * (not weights[i]) + b * (not biases[i]) for i, (w, b) in enumerate(sizes)), default=0)
+    return BYTES_PER_ELEMENT[compute_dtype(spec)] * (cached + in_flight)
 
 
 def te_sites(spec: CaseSpec) -> list[str]:

@@ -15,7 +15,8 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
     Torch-lane backends: GEMMs by role (aten dispatch), saved tensors, peak memory; eager, thunder's torch
     executor and torch.compile all go through aten; `follow_copies` traces copies of site inputs and weights (model
     families: a second copy of a site's input is waste the saved check names by site). TE backends over TE's Python (real or on the tex emulation):
-    the tex layer's GEMMs by layer and role (probes.tex_gemm) instead of aten's. TE backends over a pure-PyTorch
+    the tex layer's GEMMs by layer and role (probes.tex_gemm) instead of aten's, through aten casts too where
+    `follow_copies` (autocast: TE casts weights and inputs with torch ops before the tex GEMM). TE backends over a pure-PyTorch
     --te-impl (the reference, a user's module): aten's GEMMs, and the reference's own GEMM log as a second source
     the checks hold to agree with it. Every TE backend also records warnings; the torch.compile ones what the
     compiler did with TE's modules (probes.te_compile).
@@ -35,7 +36,7 @@ def default_probes(backend_name: str, follow_copies: bool = False) -> list[Probe
         from te_verify.probes.tex_gemm import TexGemmProbe
 
         compiled = [TECompileProbe()] if backend_name in TE_COMPILE_BACKENDS else []
-        return [TexGemmProbe(), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe(), *compiled]
+        return [TexGemmProbe(follow_copies), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe(), *compiled]
     # An FP8 --te-impl multiplies rounded copies: follow copies back to the weights and activations they came from.
     probes = [GemmProbe(follow_copies=True), SavedTensorsProbe(), PeakMemoryProbe(), WarningsProbe()]
     if impl.kind == te_api.REFERENCE:

@@ -27,6 +27,7 @@ transpose) is a "weight_copy" of the layer with that shape (None if several laye
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,8 @@ class SavedAttribution:
     shape: tuple[int, ...]
     # Every layer it is the forward input of, when several share it (a model family's q, k and v).
     shared_by: frozenset = frozenset()
+    # dtype of (the first tensor saved from) the storage: a weight copy's names the cast (bf16 under autocast).
+    dtype: str = ""
 
 
 def _holds_other_data(item: SavedItem, layers: LayerMap) -> bool:
@@ -186,7 +189,8 @@ class SavedTensorsProbe:
         for item in self.items if items is None else items:
             if item.new and (self._alive is None or not item.before_backward or item.key in self._alive):
                 first_by_key.setdefault(item.key, item)
-        return [attribute_saved(item, self._watcher.layers) for item in first_by_key.values()]
+        return [dataclasses.replace(attribute_saved(item, self._watcher.layers), dtype=item.dtype)
+                for item in first_by_key.values()]
 
     def figures(self) -> dict[str, Any]:
         items = self.items

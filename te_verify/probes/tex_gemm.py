@@ -77,17 +77,22 @@ class TexGemmProbe:
 
     name = "tex_gemm"
 
-    def __init__(self) -> None:
+    def __init__(self, follow_copies: bool = False) -> None:
         self.recorder = TexRecorder()
         self.param_layers: dict[RootKey, str] = {}
         self._model: torch.nn.Module | None = None
+        # Operands that are aten copies (TE's casts under torch.autocast) lead back to what they copy
+        # (dispatch.Watcher.follow_copies), as TE's own quantized copies do through the tex record.
+        self.follow_copies = follow_copies
 
     def bind(self, model: torch.nn.Module) -> None:
         self._model = model
 
     def __enter__(self) -> "TexGemmProbe":
         watcher = dispatch.subscribe(self)
-        self.recorder = TexRecorder(storage_key=watcher.key)
+        watcher.follow_copies |= self.follow_copies
+        self.recorder = TexRecorder(storage_key=watcher.key,
+                                    copied_from=watcher.root_view if self.follow_copies else None)
         for name, p in self._model.named_parameters() if self._model is not None else ():
             self.param_layers[self.recorder.register(p)] = layer_of(name)
             if isinstance(getattr(p, "main_grad", None), torch.Tensor):

@@ -263,13 +263,14 @@ def run_prepared(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec,
     watchers = [p for p in probes if getattr(p, "spans_iterations", False)]
     probes = [p for p in probes if p not in watchers]
     record.inputs_before.update(input_states(inputs))
+    step_fn = training.autocast_forward(fn, spec.autocast)  # the case's autocast is part of every forward
     try:
-        warm_up(fn, model, inputs, spec.warmup_steps, record)
+        warm_up(step_fn, model, inputs, spec.warmup_steps, record)
     except Exception as exc:
         record.error, record.error_pass = exc, 0
         return record
     with watching(watchers, fn, record):
-        _train(fn, model, inputs, spec, record, probes, follow, watchers)
+        _train(step_fn, model, inputs, spec, record, probes, follow, watchers)
     record.requires_grad_after = requires_grad_of(model)
     return record
 
@@ -331,6 +332,7 @@ def run_fp64_eager(spec: CaseSpec, follow: Record | None = None) -> Record:
     (eager's record) from the second iteration on, so each iteration's truth is exact arithmetic at eager's
     parameters."""
     record = Record(backend="eager_fp64")
+    spec = spec.replace(autocast="")  # the truth is exact arithmetic: no autocast
     model = frozen_at_backward(spec).double()
     inputs = make_inputs(spec)
     x = inputs.x.detach().double().requires_grad_(inputs.x.requires_grad) if inputs.x.is_floating_point() else inputs.x

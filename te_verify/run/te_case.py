@@ -198,7 +198,7 @@ def fp8_value_verdicts(case: CaseRun, got: Record, quantized: Record, runner: Ca
 def te_probes(case: CaseRun) -> list:
     """The TE lane's probes; for an FP8 case over TE's Python also the scaling observer of every iteration, and under
     a recipe rounding gradients stochastically the observer of its NVFP4 quantizations (probes.nvfp4_sr)."""
-    probes = default_probes(case.backend_name)
+    probes = default_probes(case.backend_name, bool(case.spec.autocast))  # autocast: GEMMs read aten casts
     if not te_api.active().runs_te_python:
         return probes
     observers = (scaling_observer(case.spec), stochastic_rounding_observer(case.spec))

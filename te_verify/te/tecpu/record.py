@@ -156,8 +156,11 @@ class TexRecorder:
     probes pass the dispatch watcher's serials).
     """
 
-    def __init__(self, storage_key: Callable[[torch.Tensor], Any] | None = None) -> None:
+    def __init__(self, storage_key: Callable[[torch.Tensor], Any] | None = None,
+                 copied_from: Callable[[torch.Tensor], RootKey] | None = None) -> None:
         self.key = (lambda t: (storage_key(t), t.storage_offset(), t.numel())) if storage_key else root_key
+        # The view a plain tensor was copied from by a torch op (a cast), in `key`'s terms; None: not followed.
+        self.copied_from = copied_from
         self.record = TexRecord()
         self.phase, self.pass_index = "forward", 0
         self._saved: list[tuple[str, Callable]] = []
@@ -195,11 +198,16 @@ class TexRecorder:
         if key not in self.record.provenance:
             key = self._overlapping(self._copies.get(key[0], []), byte_span(buffers[0]))
             if key is None:
-                return self._whole(buffers[0])
+                return self._source(buffers[0])
         while key in self.record.provenance and key not in seen:
             seen.add(key)
             key = self.record.provenance[key]
         return key
+
+    def _source(self, t: torch.Tensor) -> RootKey:
+        """A plain tensor's root: what it was copied from by a torch op where copies are followed, else its own."""
+        source = self.copied_from(t) if self.copied_from is not None else None
+        return source if source is not None and source != self.key(t) else self._whole(t)
 
     def note_copy(self, source: torch.Tensor, copy: Any) -> None:
         """Map every buffer of a quantized copy to its source's root."""

@@ -16,6 +16,9 @@ module from its own source after these rewrites, which therefore hold exactly in
      position is `device` (TE 2.20's nvfp4_tensor.py: get_rht_matrix(flag, torch.cuda.current_device())) -> `"cpu"`
   R9 `torch.version.cuda`               -> the emulated CUDA version (te_verify.te.tecpu.device.CUDA_VERSION): CPU
                                           torch has None, on which TE's FP8 block-scaling check fails
+  R10 `torch.is_autocast_enabled()`     -> `torch.is_autocast_enabled("cpu")`: without an argument torch (>= 2.4)
+                                          reads CUDA's autocast, which on the emulated device is the CPU's (TE's
+                                          modules take their activation dtype from it, module/base.py)
 
 Line numbers are kept, so tracebacks and call sites name TE's real file:line. Every rewrite is recorded.
 """
@@ -87,7 +90,7 @@ def _is_torch_version_cuda(node: ast.AST) -> bool:
 
 
 class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R9 to one module's tree, appending to `sites`."""
+    """Applies R1-R10 to one module's tree, appending to `sites`."""
 
     def __init__(self, filename: str, sites: list[tuple[str, int, str]],
                  device_positions: dict[str, int] | None = None) -> None:
@@ -104,6 +107,9 @@ class CudaRewriter(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         if _is_torch_attr(node.func, "device") and node.args and _is_cuda_string(node.args[0]):
             self._note(node, "R5 torch.device('cuda', i)")
+            return ast.copy_location(ast.Call(node.func, [ast.Constant("cpu")], []), node)
+        if _is_torch_attr(node.func, "is_autocast_enabled") and not node.args and not node.keywords:
+            self._note(node, "R10 torch.is_autocast_enabled()")
             return ast.copy_location(ast.Call(node.func, [ast.Constant("cpu")], []), node)
         if isinstance(node.func, ast.Attribute) and node.func.attr == "cuda" and not _is_torch_attr(node.func, "cuda"):
             self._note(node, "R3 x.cuda()")

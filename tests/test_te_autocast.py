@@ -1,0 +1,41 @@
+"""TE's Linear under torch.autocast(bf16) over fp32 parameters (TE's real Python over the tex emulation, which reads
+the CPU's autocast as CUDA's: tecpu rule R10): its GEMMs, read at the tex boundary through TE's aten casts, are
+exactly the required ones in bf16; it keeps the bf16 cast of a trainable weight whose dgrad is not needed (TE 2.20
+linear.py:739 `wt_save = weightmat`, the AMP cast of :589), which te_saved_bytes names; where every kept copy feeds a
+dgrad the same checks pass. Recorded in expectations/te_eager.toml."""
+import pytest
+
+from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.checks.te_waste import gemm_work, saved_bytes
+from te_verify.matrix.autocast import te_autocast_specs
+from te_verify.probes import default_probes
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.te import api as te_api
+
+FIRST_TRAINED_NO_DGRAD, EVERY_COPY_FEEDS_DGRAD = te_autocast_specs("pr")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def te_python():
+    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
+        yield impl
+
+
+def _verdicts(spec):
+    got = run_mean_reduced(spec, TEEagerBackend(), default_probes("te_eager", True))
+    assert got.error is None, got.error
+    return gemm_work(spec.id, "te_eager", spec, got), saved_bytes(spec.id, "te_eager", spec, got)
+
+
+def test_a_kept_cast_of_a_weight_without_dgrad_is_named():
+    work, saved = _verdicts(FIRST_TRAINED_NO_DGRAD)
+    assert work.ok, work.message
+    assert not saved.ok
+    assert "layer 1 (dgrad not needed): saved a torch.bfloat16 copy of its weight [128, 64] 16,384 B, 0 required" \
+        in saved.message
+
+
+def test_every_kept_cast_feeding_a_dgrad_passes():
+    work, saved = _verdicts(EVERY_COPY_FEEDS_DGRAD)
+    assert work.ok and saved.ok, work.message + saved.message
+    assert saved.figures["saved_bytes_actual"] == saved.figures["saved_bytes_required"] > 0
