@@ -60,7 +60,10 @@ def apply_schedule(layers: Iterable[torch.nn.Module], spec: CaseSpec, iteration:
 
 def new_state_bytes(spec: CaseSpec, iteration: int) -> int:
     """Bytes of optimizer state (SGD's momentum, one element per parameter element, in the parameter's dtype) the step
-    of `iteration` makes for the first time: the parameters trainable then and in no iteration before it."""
+    of `iteration` makes for the first time: the parameters trainable then and in no iteration before it (none
+    without a schedule: the first step made every state; model families take no schedule)."""
+    if not spec.schedule:
+        return 0
     size = torch.empty((), dtype=TORCH_DTYPES[spec.dtype]).element_size()
     shapes = [(spec.widths[i] * spec.widths[i + 1], spec.widths[i + 1]) for i in range(spec.n_layers)]
     total = 0
