@@ -22,7 +22,8 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts
+from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, output_reference, run_te,
+                                   scaling_verdicts)
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -60,14 +61,17 @@ def vs_eager(case, got, eager, quantized) -> list:
     iteration's; the parameters after every optimizer step (params_after_steps); FP8 against the reference on the
     same FP8 operands (te_case.fp8_judged_against)."""
     spec, name = case.spec, case.backend_name
-    if quantized is None:
+    if quantized is None:  # the dtype table, and grad_scale against the fp64 truth (a lean below the table's rtol)
         ref, tol, bound = eager, tolerance_for(spec, name), None
+        truth = high_precision_bound(spec, eager, run_microbatches)
     else:
         ref, tol, bound = fp8_judged_against(case, got, quantized, run_microbatches)
+        truth = bound
     several = spec.te.microbatches > 1
-    grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound)] + (
-        [grad_scale(spec.id, name, ref, got, bound, k)] if bound is not None else [])
+    grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound),
+                       grad_scale(spec.id, name, ref, got, truth, k)]
     verdicts = grads(0 if several else -1) + [params_after_steps(spec.id, name, ref, got, tol, bound)]
+    verdicts += bf16_resolution(spec, name, ref, got, verdicts[1])  # the first microbatch's grad_scale
     if several and len(got.grads) > 1:
         verdicts += [dataclasses.replace(v, check=ACCUMULATED[v.check]) for v in grads(-1)]
     return verdicts

@@ -31,6 +31,7 @@ CHECKS: tuple[str, ...] = (
     "grad_parity",  # checks/parity.py
     "grad_presence",  # checks/presence.py
     "grad_scale",  # checks/systematic.py
+    "grad_scale_resolution",  # checks/systematic.py
     "grad_scale_accumulation",  # cases/test_te_delayed.py
     "gradient_volume",  # checks/collectives.py
     "inputs_left",  # checks/leftovers.py
