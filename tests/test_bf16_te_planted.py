@@ -9,6 +9,8 @@ import pytest
 from planted_te_gemms import patched
 from test_systematic_planted import failing, te_checks, te_python  # noqa: F401 (te_python: a fixture)
 
+from te_verify.checks.systematic import resolution
+from te_verify.checks.verdict import Verdict
 from te_verify.matrix.selection import select_pr
 from te_verify.matrix.te import FAMILIES
 from te_verify.matrix.tiers import BF16_STACK, NON_SQUARE4
@@ -61,3 +63,8 @@ def test_a_bf16_case_too_small_to_resolve_one_percent_fails_resolution_naming_it
     assert failing(checks) == ["grad_scale_resolution"], failing(checks)
     message = checks["grad_scale_resolution"].message
     assert "cannot tell a 1% lean from noise" in message and "0.bias" in message, message
+
+
+def test_a_resolution_of_nothing_fitted_is_not_observed_never_passed():
+    verdict = resolution("c", "b", Verdict("grad_scale", True, figures={"grad_scale_gradients": 0}))
+    assert not verdict.ok and "resolution not observed" in verdict.message
