@@ -76,6 +76,9 @@ def block_specs(tier: str, pr: Callable[[str], CaseSpec], nightly: Callable[[str
 
 
 
+UNRESOLVED_BF16_MASKS = ((False, False, True, True), (False, True, True, False))
+
+
 def bf16_stack(family: str, weight_frozen: tuple[bool, ...], bias_frozen, x_grad: bool, te: dict | None = None,
                **spec) -> CaseSpec:
     """A high-precision bf16 stack case of `family`, sized to resolve a 1% lean (BF16_STACK over BF16_ROWS)."""
@@ -148,9 +151,11 @@ def peft_specs(tier: str) -> list[CaseSpec]:
                                                     False),
                          lambda r: [block_spec("te_peft", r, NON_SQUARE4, m, b, x) for m in named_masks(4).values()
                                     for b in (m, None) for x in (False, True)])
-    # bf16 (issue 34): every mask and input-gradient need in high precision, a pairwise factor of the pr choice.
+    # bf16 (issue 34): every mask and input-gradient need in high precision, a pairwise factor of the pr choice; not
+    # the masks training only the first layers (0011, 0110): their first biases' allowance reaches 1.2% from the second
+    # iteration on at BF16_STACK's size (grad_scale_resolution fails), so a 1% lean there would pass as noise.
     if tier != "smoke":
-        specs += [bf16_stack("te_peft", m, m, x) for m in masks for x in xs]
+        specs += [bf16_stack("te_peft", m, m, x) for m in masks for x in xs if m not in UNRESOLVED_BF16_MASKS]
     return dedupe(specs)
 
 
