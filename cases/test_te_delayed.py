@@ -25,7 +25,8 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import fp8_judged_against, output_reference, run_te, scaling_verdicts
+from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, output_reference, run_te,
+                                   scaling_verdicts)
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -60,18 +61,21 @@ def test_te_delayed(case):
 
 
 def vs_eager(case, got, eager, quantized) -> list:
-    """grad_parity after the first microbatch and, over 2-3 microbatches, grad_accumulation after the last, each
-    iteration's; the parameters after every optimizer step (params_after_steps); FP8 against the reference on the
-    same FP8 operands (te_case.fp8_judged_against)."""
+    """grad_parity and grad_scale after the first microbatch and, over 2-3 microbatches, grad_accumulation and
+    grad_scale_accumulation after the last, each iteration's; the parameters after every optimizer step
+    (params_after_steps); high precision against the case's fp64 truth (te_case.high_precision_bound: the dtype
+    table's elementwise rtol fails a correct bf16 wgrad on its near-cancelling elements), FP8 against the reference
+    on the same FP8 operands (te_case.fp8_judged_against)."""
     spec, name = case.spec, case.backend_name
-    if quantized is None:
-        ref, tol, bound = eager, tolerance_for(spec, name), None
+    if quantized is None:  # against the fp64 truth, as te_peft's high-precision stacks (te_case.high_precision_bound)
+        ref, tol, bound = eager, tolerance_for(spec, name), high_precision_bound(spec, eager, run_microbatches)
     else:
         ref, tol, bound = fp8_judged_against(case, got, quantized, run_microbatches)
     several = spec.te.microbatches > 1
-    grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound)] + (
-        [grad_scale(spec.id, name, ref, got, bound, k)] if bound is not None else [])
+    grads = lambda k: [grad_parity(spec.id, name, ref, got, tol, k, bound),
+                       grad_scale(spec.id, name, ref, got, bound, k)]
     verdicts = grads(0 if several else -1) + [params_after_steps(spec.id, name, ref, got, tol, bound)]
+    verdicts += bf16_resolution(spec, name, ref, got, verdicts[1])  # the first microbatch's grad_scale
     if several and len(got.grads) > 1:
         verdicts += [dataclasses.replace(v, check=ACCUMULATED[v.check]) for v in grads(-1)]
     return verdicts

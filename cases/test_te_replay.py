@@ -15,6 +15,7 @@ from te_verify.checks.ending import ending
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.replay import replay_semantics
+from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
@@ -22,7 +23,8 @@ from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix.te import replay_specs as SPECS  # noqa: F401
 from te_verify.probes import TE_COMPILE_BACKENDS
 from te_verify.run.microbatch import run_mean_reduced
-from te_verify.run.te_case import fp8_value_verdicts, output_reference, run_te, scaling_verdicts
+from te_verify.run.te_case import (bf16_resolution, fp8_value_verdicts, high_precision_bound, output_reference, run_te,
+                                   scaling_verdicts)
 
 FAMILY = "te_replay"
 LANE = "te"
@@ -37,9 +39,12 @@ def test_te_replay(case):
     outputs_ref = quantized if te_modules else ref
     tol = tolerance_for(spec, case.backend_name)
     got = run_te(case, follow=quantized if spec.te.recipe else ref)
+    hp = spec.te.recipe is None  # gradients also against the fp64 truth: a lean below the dtype table's rtol
+    scale = grad_scale(spec.id, case.backend_name, ref, got, high_precision_bound(spec, ref)) if hp else None
     values = (fp8_value_verdicts(case, got, quantized, outputs=False) if spec.te.recipe
               else [replay_semantics(spec.id, case.backend_name, ref, got, tol),
                     grad_parity(spec.id, case.backend_name, ref, got, tol),
+                    scale, *bf16_resolution(spec, case.backend_name, ref, got, scale),
                     params_after_steps(spec.id, case.backend_name, ref, got, tol)])
     case.require([ending(spec.id, case.backend_name, ref, got),
                   output_parity(spec.id, case.backend_name, outputs_ref, got, tol),

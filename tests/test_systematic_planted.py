@@ -18,16 +18,17 @@ from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
 from te_verify.matrix.stacks import FAMILIES
 from te_verify.matrix.models import litgpt_lora_specs
-from te_verify.matrix.te import NON_SQUARE4, _lora, fp8_specs
-from te_verify.spec import CaseSpec, TEConfig
+from te_verify.matrix.te import _lora, bf16_stack, fp8_specs
+from te_verify.spec import CaseSpec
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 BF16_STACK = next(s for s in FAMILIES["dtype"]("pr")
                   if s.id == "lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in4x6-bf16-r1")
 # The bf16 model-family spec of the pr tier whose largest weight gradient resolves a 1% lean (most do not: docs/tolerances.md).
 BF16_FAMILY = next(s for s in litgpt_lora_specs("pr") if s.dtype == "bf16")
-# A TE Linear stack in bf16, high precision: held to its fp64 truth as te_peft's and te_moe's are (verify_te_stack).
-TE_BF16 = CaseSpec("te_peft", NON_SQUARE4, (False,) * 4, (False,) * 4, True, (16,), "bf16", te=TEConfig())
+# A TE Linear stack in bf16, high precision: held to its fp64 truth as te_peft's and te_moe's are (verify_te_stack),
+# sized to resolve a 1% lean as the lane's bf16 cases are (matrix.te.bf16_stack; tests/test_bf16_te_planted.py).
+TE_BF16 = bf16_stack("te_peft", (False,) * 4, (False,) * 4, True)
 FP8_STACK = next(s for s in fp8_specs("pr") if s.id.startswith("lin4-w32.64.128.64.32-freeze0000") and
                  s.te.recipe == "delayed" and s.te.fp8_format == "E4M3")
 # What fp64 inside costs that eager does not (fp64 copies saved for backward, a higher peak): the waste checks'.

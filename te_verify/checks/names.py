@@ -33,6 +33,7 @@ CHECKS: tuple[str, ...] = (
     "grad_presence",  # checks/presence.py
     "grad_scale",  # checks/systematic.py
     "grad_scale_accumulation",  # cases/test_te_delayed.py
+    "grad_scale_resolution",  # checks/systematic.py
     "gradient_volume",  # checks/collectives.py
     "inputs_left",  # checks/leftovers.py
     "memory_retained",  # checks/leftovers.py

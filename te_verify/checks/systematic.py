@@ -104,6 +104,11 @@ class Pair:
         """The largest |s - 1| the backend may have (the module doc's bound)."""
         return max(self.ref.lean + Z * dispersion * (self.got.stderr + self.ref.stderr), floor)
 
+    def case_resolves(self, floor: float, dispersion: float) -> bool:
+        """Whether the case tells a RESOLUTION lean from noise in a backend as noisy as the reference: the allowance
+        with the reference's standard error in both roles (a property of the case's size, not of the backend)."""
+        return max(self.ref.lean + 2 * Z * dispersion * self.ref.stderr, floor) <= RESOLUTION
+
 
 def fit_pair(name: str, ref: torch.Tensor, got: torch.Tensor, truth: torch.Tensor) -> Pair | str | None:
     """Both fits of one gradient; a problem message where the backend is non-finite and the truth and eager are not;
@@ -148,12 +153,18 @@ def lean_problem(lean: Lean, ref_name: str, phi: float) -> str:
             f"elements)")
 
 
-def _figures(leans: list[Lean], unresolved: list[str], both: int, phi: float) -> dict:
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+
+
+def _figures(leans: list[Lean], unresolved: list[str], unsized: list[str], both: int, phi: float) -> dict:
     figures = {"grad_scale_gradients": len(leans), "grad_scale_elements": sum(x.pair.got.elements for x in leans),
                "grad_scale_unresolved": len(unresolved), "grad_scale_passes": both,
-               "grad_scale_dispersion": round(phi, 2)}
+               "grad_scale_dispersion": round(phi, 2), "grad_scale_case_unresolved": len(unsized)}
     if unresolved:
-        figures["grad_scale_unresolved_names"] = ", ".join(unresolved[:6]) + (", ..." if len(unresolved) > 6 else "")
+        figures["grad_scale_unresolved_names"] = _names(unresolved)
+    if unsized:
+        figures["grad_scale_case_unresolved_names"] = _names(unsized)
     if leans:
         worst = max(leans, key=lambda x: x.ratio)
         d = _digits(worst.allowed)
@@ -207,20 +218,41 @@ def grad_scale(case_id: str, backend: str, ref: Record, got: Record, bound: Trut
     if index >= len(bound.truth.grads):
         return Verdict("grad_scale", False, f"[{case_id}] backend {backend}: no fp64 truth for backward pass "
                                             f"{index + 1} (it completed {len(bound.truth.grads)}): nothing to fit")
-    leans, unresolved, problems, phis = [], [], [], []
+    leans, unresolved, unsized, problems, phis = [], [], [], [], []
     for where, ref_grads, got_grads, truths in _groups(ref, got, bound.truth, index, pass_index == -1):
         pairs, unfit, found = _pairs(ref_grads, got_grads, truths)
         phi = dispersion([p.ref for p in pairs])
         group = [Lean(p, p.allowed(bound.floor, phi)) for p in pairs]
+        small = unfit + [p.name for p in pairs if not p.case_resolves(bound.floor, phi)]  # the case's size
         unfit += [x.pair.name for x in group if x.allowed > RESOLUTION]  # judged, but a 1% lean would pass as noise
         found += [lean_problem(x, ref.backend, phi) for x in group if x.ratio > 1.0]
         leans, phis = leans + group, phis + [phi]
         unresolved += [f"{where} {n}".strip() for n in unfit]
+        unsized += [f"{where} {n}".strip() for n in small]
         problems += [f"{label} {where} {p}".strip() for p in found]
-    figures = _figures(leans, unresolved, both, max(phis))
+    figures = _figures(leans, unresolved, unsized, both, max(phis))
     figures["grad_scale_iterations_compared"] = len(phis)
     if not problems:
         return Verdict("grad_scale", True, figures=figures)
     at = f" at backward pass {index + 1}" if both > 1 else ""
     head = f"[{case_id}] backend {backend}: {label + ' ' if label else ''}gradient scale vs the truth failed{at}"
     return Verdict("grad_scale", False, "; ".join([head, *problems]), figures, tuple(problems))
+
+
+def resolution(case_id: str, backend: str, scale: Verdict) -> Verdict:
+    """`grad_scale_resolution`, for cases sized to resolve a 1% lean (the TE lane's high-precision bf16 cases,
+    docs/tolerances.md, "What a bf16 case must hold"): every gradient grad_scale (`scale`, its verdict) fitted has
+    MIN_ELEMENTS effective elements and, with the reference's noise in both roles, an allowance of at most RESOLUTION
+    (Pair.case_resolves: the case's size, whatever the backend's own noise). An undersized case fails naming what it
+    cannot resolve, where grad_scale alone would count it and pass a 1% lean as noise; a fit of nothing is not
+    observed."""
+    figures = scale.figures
+    judged, unsized = figures.get("grad_scale_gradients", 0), figures.get("grad_scale_case_unresolved", 0)
+    head = f"[{case_id}] backend {backend}: grad_scale"
+    if not judged:
+        return Verdict("grad_scale_resolution", False, f"{head} fitted no gradient: resolution not observed")
+    if unsized:
+        return Verdict("grad_scale_resolution", False,
+                       f"{head} cannot tell a {RESOLUTION:.0%} lean from noise in {unsized} of its gradients "
+                       f"({figures.get('grad_scale_case_unresolved_names', '')}): the case is too small to resolve it")
+    return Verdict("grad_scale_resolution", True, figures={"grad_scale_resolved": judged})

@@ -10,7 +10,8 @@ from typing import Callable
 
 from te_verify.matrix.te_masks import MOE_MIX, MOE_ONE, split_mask_specs
 from te_verify.matrix.te_orders import order_specs
-from te_verify.matrix.tiers import all_masks, check_tier, dedupe, named_masks
+from te_verify.matrix.tiers import (BF16_MOE_ROWS, BF16_MOE_WIDTHS, BF16_ROWS, BF16_STACK, all_masks, check_tier,
+                                    dedupe, named_masks)
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
 
 NON_SQUARE4 = (32, 64, 128, 64, 32)
@@ -73,6 +74,18 @@ def block_specs(tier: str, pr: Callable[[str], CaseSpec], nightly: Callable[[str
         return []
     specs = [pr(r) for r in recipes if tier == "nightly" or pr_all or r not in NIGHTLY_ONLY]
     return specs + [s for r in recipes for s in nightly(r)] if tier == "nightly" else specs
+
+
+
+
+UNRESOLVED_BF16_MASKS = ((False, False, True, True), (False, True, True, False))
+
+
+def bf16_stack(family: str, weight_frozen: tuple[bool, ...], bias_frozen, x_grad: bool, te: dict | None = None,
+               **spec) -> CaseSpec:
+    """A high-precision bf16 stack case of `family`, sized to resolve a 1% lean (BF16_STACK over BF16_ROWS)."""
+    return CaseSpec(family, BF16_STACK, weight_frozen, bias_frozen, x_grad, BF16_ROWS, "bf16",
+                    te=TEConfig(**(te or {})), **spec)
 
 
 def _patterns(tier: str) -> tuple[str, ...]:
@@ -142,6 +155,11 @@ def peft_specs(tier: str) -> list[CaseSpec]:
                          lambda r: [block_spec("te_peft", r, NON_SQUARE4, m, b, x) for m in named_masks(4).values()
                                     for b in (m, None) for x in (False, True)])
     specs += split_mask_specs(tier, "te_peft", NON_SQUARE4, [dict(recipe=r) for r in (None, "delayed")], mix=1)
+    # bf16 (issue 34): every mask and input-gradient need in high precision, a pairwise factor of the pr choice; not
+    # the masks training only the first layers (0011, 0110): their first biases' allowance reaches 1.2% from the second
+    # iteration on at BF16_STACK's size (grad_scale_resolution fails), so a 1% lean there would pass as noise.
+    if tier != "smoke":
+        specs += [bf16_stack("te_peft", m, m, x) for m in masks for x in xs if m not in UNRESOLVED_BF16_MASKS]
     return dedupe(specs)
 
 
@@ -155,6 +173,8 @@ def replay_specs(tier: str) -> list[CaseSpec]:
                       te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes]
     if tier != "smoke":
         specs += bitfit("te_replay", NON_SQUARE4, (None, "delayed"), (True,), replays=2)
+        specs += [bf16_stack("te_replay", named_masks(4)[p], named_masks(4)[p], True, replays=r)  # bf16 (issue 34)
+                  for p in patterns for r in replays]
     specs += block_specs(tier, lambda r: block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["alternating"],
                                                     named_masks(4)["alternating"], True, replays=2),
                          lambda r: [block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["prefix"],
@@ -202,6 +222,9 @@ def delayed_specs(tier: str) -> list[CaseSpec]:
                                       te=TEConfig(rec, "linear", delay_wgrad=True, microbatches=mb)))
     if tier != "smoke":
         specs += bitfit("te_delayed", NARROW4, recipes, te=dict(module="linear", delay_wgrad=True, microbatches=2))
+        specs += [bf16_stack("te_delayed", named_masks(4)[p], named_masks(4)[p], p == "all",  # bf16 (issue 34)
+                             te=dict(module="linear", delay_wgrad=True, microbatches=mb))
+                  for p in patterns for mb in mbs]
     if tier == "nightly":
         specs += history_specs("te_delayed", microbatches=2)
     dw = lambda mb: dict(module="linear", delay_wgrad=True, microbatches=mb)  # noqa: E731
@@ -239,6 +262,10 @@ def moe_specs(tier: str) -> list[CaseSpec]:
     specs = [CaseSpec("te_moe", MOE_WIDTHS, (False,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4,
                                                                                       frozen_experts=f))
              for f in frozen for rec in recipes for module in modules for x in xs]
+    if tier != "smoke":  # bf16 (issue 34), high precision, sized to resolve a 1% lean (BF16_MOE_WIDTHS over its rows)
+        specs += [CaseSpec("te_moe", BF16_MOE_WIDTHS, (False,), (False,), x, BF16_MOE_ROWS, "bf16",
+                           te=TEConfig(None, module, experts=4, frozen_experts=f))
+                  for f in frozen for module in modules for x in xs]
     if tier != "smoke":  # every expert's weight frozen, its bias trained
         specs += [CaseSpec("te_moe", MOE_WIDTHS, (True,), (False,), x, MOE_ROWS, te=TEConfig(rec, module, experts=4))
                   for rec in recipes for module in modules for x in xs]
@@ -287,11 +314,13 @@ def te_lora_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     if tier == "smoke":
         return [_lora("qv", True, "fp32"), _lora("all", False, "bf16")]
-    # pr: six specs and one per block-scaled recipe (thunder_te compiles each in about 6 s on 2 cores); nightly:
-    # every target, x_grad and dtype.
+    # pr: five specs and one per block-scaled recipe (thunder_te compiles each in about 6 s on 2 cores); nightly:
+    # every target, x_grad and dtype. bf16 Llama blocks are nightly's: correct implementations lean about 1% apart
+    # there, so grad_scale cannot resolve a 1% lean at any size the pr tier affords (docs/tolerances.md).
     specs = [_lora("qv", True, "fp32"), _lora("qv", False, "fp32"), _lora("all", True, "fp32"),
-             _lora("all", False, "bf16"), _lora("qv", True, "fp32", "delayed"), _lora("all", True, "fp32", "current")]
+             _lora("qv", True, "fp32", "delayed"), _lora("all", True, "fp32", "current")]
     if tier == "nightly":  # about 6 s per thunder_te case: the other targets and recipes, 2 blocks once
+        specs.append(_lora("all", False, "bf16"))
         specs += [_lora(t, True, d) for t, d in (("attn", "fp32"), ("mlp", "bf16"))]
         specs += [_lora(t, False, "fp32", r) for t, r in (("attn", "delayed"), ("mlp", "current"))]
         specs.append(_lora("all", True, "fp32", blocks=2))

@@ -15,6 +15,16 @@ SQUARE4 = (32, 32, 32, 32, 32)
 NON_SQUARE4 = (32, 64, 128, 64, 32)  # the reviewer's stack in seed 000
 ODD_WIDTHS = ((13, 37, 23), (5, 7, 3, 11), (24, 40, 17, 9, 33))  # not multiples of 8 or 16
 
+# bf16 where users train in it (issue 34): high-precision cases sized so that grad_scale resolves a 1% lean of every
+# gradient they train (docs/tolerances.md, "What a bf16 case must hold"). A trained bias's gradient is a sum over rows
+# whose terms cancel, so rows do not average its rounding noise and only its width does: 256 wide over 32 rows (at the
+# non-square stack's 16 rows a bias's allowance is 2-3%). A GroupedLinear's experts 128 wide over 64 rows each. FP8 in
+# bf16 cannot resolve 1% (its quantized truth's floor is 16 bf16 roundings, 3%), so bf16 draws are high precision.
+BF16_STACK = (256,) * 5
+BF16_ROWS = (32,)
+BF16_MOE_WIDTHS = (128, 128)
+BF16_MOE_ROWS = (256,)
+
 
 class TierError(ValueError):
     """An unknown tier name."""

@@ -23,7 +23,7 @@ from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
 from te_verify.checks.replay import replay_semantics
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
-from te_verify.checks.systematic import grad_scale
+from te_verify.checks.systematic import grad_scale, resolution
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.oracle.required import sites, te_sites
@@ -122,12 +122,20 @@ class _Fp64EagerBackend(EagerBackend):
         return super().prepare(model.double(), spec)
 
 
-def high_precision_bound(spec: CaseSpec, eager: Record) -> TruthBound:
+def high_precision_bound(spec: CaseSpec, eager: Record, runner: Callable = run_mean_reduced) -> TruthBound:
     """What a high-precision TE stack case's outputs and gradients are held to, as the torch lane's
     (checks.tolerances.truth_bound): their normwise distance from the case's fp64 truth (eager on the same weights,
-    input and cotangent in fp64, following `eager`'s parameters from the second iteration on) within TRUTH_FACTOR of
-    eager's, never under the floor."""
-    return truth_bound(spec, run_mean_reduced(spec, _Fp64EagerBackend(), dtype=torch.float64, follow=eager))
+    input and cotangent in fp64, run by `runner` as `eager` was, following `eager`'s parameters from the second
+    iteration on) within TRUTH_FACTOR of eager's, never under the floor."""
+    return truth_bound(spec, runner(spec, _Fp64EagerBackend(), dtype=torch.float64, follow=eager))
+
+
+def bf16_resolution(spec: CaseSpec, name: str, ref: Record, got: Record, scale: Verdict) -> list[Verdict]:
+    """grad_scale_resolution (checks.systematic) where the case is sized to resolve a 1% lean: high precision in bf16
+    (matrix.te's bf16 draws), a gradient to fit and a backward pass the backend completed (one that raised first is
+    `ending`'s); `scale` is the case's grad_scale verdict."""
+    trains = any(g is not None for grads in ref.grads for g in grads.values()) and bool(got.grads)
+    return [resolution(spec.id, name, scale)] if spec.dtype == "bf16" and spec.te.recipe is None and trains else []
 
 
 def quantized_truth(spec: CaseSpec, backend: object = None, runner: Callable = run_mean_reduced,
@@ -260,9 +268,11 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
     outputs_ref = output_reference(spec, backend=case.backend) if spec.te.recipe is not None else ref
     got = run_te(case, follow=outputs_ref)
     bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
+    scale = grad_scale(spec.id, name, ref, got, bound) if bound is not None else None
     values = (fp8_value_verdicts(case, got, outputs_ref) if spec.te.recipe is not None
               else [output_parity(spec.id, name, ref, got, tol, bound),
-                    grad_parity(spec.id, name, ref, got, tol, bound=bound), grad_scale(spec.id, name, ref, got, bound),
+                    grad_parity(spec.id, name, ref, got, tol, bound=bound), scale,
+                    *bf16_resolution(spec, name, ref, got, scale),
                     params_after_steps(spec.id, name, ref, got, tol, bound)])
     return case.require([ending(spec.id, name, ref, got),
                          grad_presence(spec.id, name, ref, got),
