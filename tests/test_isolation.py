@@ -7,6 +7,8 @@
   buffers; without the reset the next case's step reduces over every earlier case's (8, 16, 24 entries after one,
   two, three cases).
 - the global RNG: seeded from the case.
+- TE 2.14.0's FP8 state sits on FP8GlobalStateManager itself, beside classmethods named like the newer state's fields
+  (fp8_graph_capturing(), is_first_fp8_module()): the snapshot and restore read and write the data attributes.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.torch_compile import TorchCompileBackend
-from te_verify.run.isolation import fresh_case
+from te_verify.run.isolation import fp8_autocast_state, fresh_case, set_fp8_autocast_state
 from te_verify.matrix.stacks import FAMILIES
 from te_verify.matrix.te import FAMILIES as TE_FAMILIES
 from te_verify.run.microbatch import run_mean_reduced
@@ -60,3 +62,31 @@ def test_the_global_rng_is_seeded_from_the_case():
     torch.rand(7)  # what another case drew
     fresh_case(spec)
     assert torch.equal(torch.rand(4), alone)
+
+
+class _TE214Manager:
+    """TE 2.14.0's FP8GlobalStateManager in shape (quantization.py): state as class attributes, read by classmethods."""
+
+    FP8_ENABLED = False
+    FP8_GRAPH_CAPTURING = False
+    IS_FIRST_FP8_MODULE = False
+
+    @classmethod
+    def fp8_graph_capturing(cls) -> bool:
+        return cls.FP8_GRAPH_CAPTURING
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        return cls.IS_FIRST_FP8_MODULE
+
+
+def test_te_2_14_fp8_state_is_read_and_restored_without_overwriting_its_methods(monkeypatch):
+    module = type(sys)("transformer_engine.pytorch.quantization")
+    module.FP8GlobalStateManager = _TE214Manager
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.quantization", module)
+    monkeypatch.setattr(_TE214Manager, "FP8_GRAPH_CAPTURING", True)
+    state = fp8_autocast_state()
+    assert state["TE graph capturing"] is True and state["TE first FP8 module"] is False, state
+    set_fp8_autocast_state({})  # back to the values outside any autocast region
+    assert isinstance(_TE214Manager.__dict__["fp8_graph_capturing"], classmethod), "fp8_graph_capturing overwritten"
+    assert _TE214Manager.fp8_graph_capturing() is False and _TE214Manager.is_first_fp8_module() is False

@@ -21,6 +21,7 @@ te_verify.run.process_state, which restores them after the run and names what it
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -64,8 +65,8 @@ def reset_fp8_state() -> None:
             manager.reset()
 
 
-# TE's FP8 autocast state by the name a message gives it: (attribute on TE >= 2.9's FP8GlobalState or the reference's
-# STATE, on TE < 2.9's FP8GlobalStateManager), its value outside any autocast region.
+# TE's FP8 autocast state by the name a message gives it: (attribute on TE >= 2.15's FP8GlobalState or the reference's
+# STATE, on the FP8GlobalStateManager class itself in TE 2.14.0), its value outside any autocast region.
 FP8_FIELDS = {"autocast depth": (("autocast_depth", "depth", "FP8_AUTOCAST_DEPTH"), 0),
               "FP8 enabled": (("fp8_enabled", "enabled", "FP8_ENABLED"), False),
               "calibrating": (("fp8_calibration", "FP8_CALIBRATION"), False),
@@ -86,14 +87,17 @@ def _fp8_holders() -> dict[str, object]:
         module = sys.modules.get(name)
         manager = getattr(module, "FP8GlobalStateManager", None)
         if manager is not None and FP8_LABELS[name] not in holders:
-            # te_verify.te.reference's STATE; TE >= 2.9's quantization_state on the manager; before 2.9 the class itself
+            # te_verify.te.reference's STATE; TE >= 2.15's quantization_state on the manager; in 2.14.0 the class itself
             state = getattr(module, "STATE", None)
             holders[FP8_LABELS[name]] = state or getattr(manager, "quantization_state", manager)
     return holders
 
 
 def _fp8_attr(holder: object, part: str) -> str | None:
-    return next((a for a in FP8_FIELDS[part][0] if hasattr(holder, a)), None)
+    # TE 2.14's manager holds FP8_GRAPH_CAPTURING beside a classmethod fp8_graph_capturing() (likewise
+    # is_first_fp8_module): the state is the data attribute; writing over the method breaks every later forward.
+    return next((a for a in FP8_FIELDS[part][0] if hasattr(holder, a) and not inspect.isroutine(getattr(holder, a))),
+                None)
 
 
 def fp8_autocast_state() -> dict:
