@@ -113,9 +113,16 @@ SMALLEST: dict[str, Smallest] = {
         None, "boots TE's Python (seconds); the te_delayed and te_contract split-mask cases hold the same gap"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
-    # docs/versions-te.md
+    # docs/versions.md
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.17.1 2.18.0 2.19.0 2.20.2 --tier smoke --workers 1 --backend "
     "te_eager": Smallest(None, "installs five TE wheels from the network; the 2.14.0 2.20.2 entry runs its --help"),
+    ".venv/bin/python scripts/version_axis.py deepspeed 0.19.7 0.19.8 --tier smoke": Smallest(
+        ".venv/bin/python scripts/version_axis.py --help", "run, it installs a DeepSpeed release from the network"),
+    ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2 --tier pr": Smallest(
+        ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
+    # README: a user engine written against te_verify.api
+    "pytest cases/test_dist_ddp.py --tier pr --backend examples.user_engine:FlatAllReduceSGD": Smallest(
+        None, "tests/test_public_api.py runs the engine's cases"),
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),
     ".venv/bin/python scripts/bench_thunder.py": Smallest(None, "a benchmark"),
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
