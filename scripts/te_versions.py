@@ -20,6 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: version_axis beside it
+import version_axis  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(sys.executable)  # the interpreter this script runs under (.venv's, or a worktree's shared one)
 BACKENDS = ("te_eager", "thunder_te")
@@ -50,23 +53,8 @@ def outcomes(results: Path) -> collections.Counter:
 
 
 def gaps_table(results: dict[str, Path]) -> str:
-    """Markdown: one row per known-gap reason and link, one column per version (outcome counts of its cases)."""
-    cells: dict[tuple[str, str], dict[str, collections.Counter]] = collections.defaultdict(
-        lambda: collections.defaultdict(collections.Counter))
-    for version, path in results.items():
-        for row in json.loads(path.read_text())["rows"]:
-            exp = row.get("expectation")
-            if exp and row["outcome"] in ("xfailed", "xpassed", "failed"):
-                cells[(f"{row['backend']}: {exp['reason']}", exp["link"])][version][row["outcome"]] += 1
-            elif row["outcome"] == "failed":  # a gap whose entry does not hold in this version shows here
-                cells[(f"{row['backend']}: {row['family']}: failed, no known gap", "-")][version]["failed"] += 1
-    versions = list(results)
-    lines = ["| known gap | link | " + " | ".join(f"TE {v}" for v in versions) + " |",
-             "|---|---|" + "---|" * len(versions)]
-    for (reason, link), per in sorted(cells.items()):
-        counts = [", ".join(f"{n} {o}" for o, n in sorted(per[v].items())) or "-" for v in versions]
-        lines.append(f"| {reason} | {link} | " + " | ".join(counts) + " |")
-    return "\n".join(lines) + "\n"
+    """Markdown: one row per known-gap reason and link, one column per version (version_axis.gaps_table)."""
+    return version_axis.gaps_table("TE", results, with_totals=False)
 
 
 def main(argv: list[str] | None = None) -> int:
