@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/bootstrap.sh --compile
-exec .venv/bin/te-verify run --tier pr "$@"
+exec .venv/bin/te-verify run --tier pr --passes "$@"

@@ -66,8 +66,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
-    """The main job's passes (te_verify.passes) on an emulated device; [] for one pass: a GPU (its capability
-    decides), a named --te-capability, a resumed run, or a TE build other than TE's Python over the emulation."""
+    """With --passes, the main job's passes (te_verify.passes) on an emulated device; [] for one pass: without it, on a
+    GPU (its capability decides), with a named --te-capability, a resumed run, or a TE build other than TE's Python
+    over the emulation."""
     import torch
 
     from te_verify.backends.registry import TIER_DEFAULTS
@@ -75,7 +76,7 @@ def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
     from te_verify.te.compile_path import torch_missing_api
 
     named = any(a.split("=")[0] in ("--te-capability", "--pass-name") for a in extra)
-    if named or args.resume or torch.cuda.is_available() or (args.device or "cpu").startswith("cuda") \
+    if not args.passes or named or args.resume or torch.cuda.is_available() or (args.device or "cpu").startswith("cuda") \
             or args.te_impl not in (None, "transformer_engine_cpu"):
         return []
     backends = args.backend or list(TIER_DEFAULTS[args.tier])
@@ -152,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="finish the killed run in DIR (same selection): only its cases without a row run")
     run_p.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
                        help="seconds a case may run before it fails 'timed out' (default per tier and lane; 0: none)")
+    run_p.add_argument("--passes", action="store_true",
+                       help="the main job (scripts/run.sh): on a CPU machine, every TE case at the emulated capability "
+                            "it needs and torch_compile_te in .venv-compile, merged into one report")
     run_p.add_argument("--workers", default=None,
                        help="pytest-xdist workers (-n; 0: in this process; default: one per GPU with CUDA, else one "
                             "per core)")

@@ -1,4 +1,5 @@
-"""`te-verify run`'s passes on an emulated device: one pytest run per capability and environment, one report.
+"""`te-verify run --passes` (the main job) on an emulated device: one pytest run per capability and environment,
+one report.
 
 On a CPU machine the compute capability is the emulation's choice (te_verify.matrix.capability says which TE cases
 run at which), and TE's torch.compile path needs a newer torch than the one every other lane runs on: thunder 0.2.6,

@@ -70,7 +70,7 @@ def run(name: str, report: Path) -> dict:
     select = " or ".join(backends)
     with FAULTS[name]():
         pytest.main(["cases/test_te_fp8.py", "--tier", "pr", "--te-capability", "sm100", "-p", "no:cacheprovider",
-                     "-q", "-n", "0", "-k", f"fp8nvfp4] and ({select})", "--report-dir", str(report)])
+                     "-q", "-n", "0", "-k", f"fp8nvfp4-sm100] and ({select})", "--report-dir", str(report)])
     rows = [json.loads(line) for line in (report / "rows.jsonl").read_text().splitlines()]
     return {r["backend"]: r.get("checks", {}) for r in rows if r.get("kind") == "row"}
 

@@ -11,8 +11,8 @@ import torch
 
 
 def _matmul_then_bias(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    out = torch.matmul(x, self.weight.t())
-    return out + self.bias if self.bias is not None else out
+    out = torch.matmul(x, self.weight.t())  # under autocast, in its dtype: the bias joins in it, as F.linear's does
+    return out + self.bias.to(out.dtype) if self.bias is not None else out
 
 
 class _Fp64Linear(torch.autograd.Function):
@@ -21,13 +21,13 @@ class _Fp64Linear(torch.autograd.Function):
     needs a gradient), in their own dtype: only the arithmetic differs."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, out_dtype):
         x_needs, w_needs = ctx.needs_input_grad[:2]
         ctx.save_for_backward(x if w_needs else None, weight if x_needs else None)
         out = torch.matmul(x.double(), weight.double().t())
         if bias is not None:
             out = out + bias.double()
-        return out.to(x.dtype)
+        return out.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -37,11 +37,13 @@ class _Fp64Linear(torch.autograd.Function):
         rows = g.reshape(-1, g.shape[-1])
         dw = (rows.t() @ x.reshape(-1, x.shape[-1]).double()).to(grad.dtype) if ctx.needs_input_grad[1] else None
         db = rows.sum(0).to(grad.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 def _in_fp64(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return _Fp64Linear.apply(x, self.weight, self.bias)
+    """Under autocast the output is autocast's dtype, as eager's F.linear's is."""
+    out_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    return _Fp64Linear.apply(x, self.weight, self.bias, out_dtype)
 
 
 class OtherAccumulation:

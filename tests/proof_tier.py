@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 
+from te_verify.matrix.autocast import autocast_specs
 from te_verify.matrix.models import hf_peft_specs, litgpt_lora_specs, lora_specs, stage_specs
+from te_verify.matrix.recompute import recompute_specs
 from te_verify.matrix.stacks import FAMILIES
 
 PROOF_TIERS = ("smoke", "pr", "nightly")
@@ -25,5 +27,5 @@ PROOF_WORKERS = "0" if PROOF_TIER == "smoke" else "2"
 def torch_lane_cases(tier: str = PROOF_TIER) -> int:
     """How many torch-lane cases the tier generates for one backend (stacks and model families)."""
     return sum(len(gen(tier)) for gen in (*FAMILIES.values(), lora_specs, stage_specs, hf_peft_specs,
-                                          litgpt_lora_specs))
+                                          litgpt_lora_specs, autocast_specs, recompute_specs))
 

@@ -120,6 +120,10 @@ SMALLEST: dict[str, Smallest] = {
         ".venv/bin/python scripts/version_axis.py --help", "run, it installs a DeepSpeed release from the network"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2 --tier pr": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
+    "te-verify run --passes": Smallest(None, "the main job's flag (minutes); tests/test_capability_passes.py plans and "
+                                             "merges passes"),
+    "te-verify run --tier smoke --workers 1": Smallest(
+        "te-verify run --tier smoke --backend eager --workers 0", "the smoke tier on one backend"),
     # README: a user engine written against te_verify.api
     "pytest cases/test_dist_ddp.py --tier pr --backend examples.user_engine:FlatAllReduceSGD": Smallest(
         None, "tests/test_public_api.py runs the engine's cases"),

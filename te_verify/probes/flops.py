@@ -89,6 +89,8 @@ def contracts_in(t: torch.Tensor, position: int, weight_shape: tuple[int, ...], 
     if not as_is:
         return False
     out_features, in_features = weight_shape[0], weight_shape[-1]
+    if min(out_features, in_features) == 1:  # a rank-1 adapter's weight: strides cannot tell, read as a dgrad
+        return False
     dim = -1 if position == 0 or t.dim() == 1 else -2
     if t.shape[dim] > 1 and in_features > 1:
         return t.stride(dim) == 1
