@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from planted_recompute import HandCheckpoint, NoRecompute
+from waste_planted import failed, verdicts
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.verdict import CheckFailures
-from te_verify.checks.waste import waste_verdicts
 from te_verify.matrix.recompute import recompute_specs, reentrant_drops_grads
 from te_verify.oracle.required import backward_gemms, required_saved
-from te_verify.probes import default_probes
 from te_verify.probes.flops import GemmProbe
 from te_verify.run.caserun import CaseRun
 from te_verify.run.runner import run_case
@@ -22,15 +21,6 @@ from te_verify.spec import CaseSpec, DistConfig, ModelConfig, SpecError, TEConfi
 FROZEN_INSIDE = CaseSpec("recompute", (16, 24, 40, 8, 12), (False, True, False, True), None, True, (32,),
                          recompute="nonreentrant")
 
-
-def verdicts(spec: CaseSpec, backend) -> dict:
-    record = run_case(spec, backend, default_probes(backend.name))
-    assert record.error is None, record.error
-    return {v.check: v for v in waste_verdicts(spec, record, backend.name)}
-
-
-def failed(found: dict) -> set[str]:
-    return {name for name, v in found.items() if not v.ok}
 
 
 def test_the_recompute_spec_field_is_validated_and_named_only_off_its_default():

@@ -12,7 +12,7 @@ from te_verify.matrix.stacks import FAMILIES
 from te_verify.probes import default_probes
 from te_verify.run.runner import run_case
 from te_verify.spec import CaseSpec
-from waste_planted import DiscardedRecompute, PlantedBackend, SplitK
+from waste_planted import DiscardedRecompute, PlantedBackend, SplitK, failed, verdicts
 
 FIGURE_KEYS = {"flops_actual", "flops_required", "flops_ratio", "saved_bytes_actual", "saved_bytes_required",
                "saved_bytes_ratio", "saved_count_actual", "saved_count_required", "peak_bytes", "peak_backward_bytes"}
@@ -20,15 +20,6 @@ FIGURE_KEYS = {"flops_actual", "flops_required", "flops_ratio", "saved_bytes_act
 # every weight shape names one layer.
 MIDDLE_FROZEN = CaseSpec("waste", (16, 24, 40, 8), (False, True, False), None, False, (32,))
 
-
-def verdicts(spec: CaseSpec, backend) -> dict:
-    record = run_case(spec, backend, default_probes(backend.name))
-    assert record.error is None, record.error
-    return {v.check: v for v in waste_verdicts(spec, record, backend.name)}
-
-
-def failed(found: dict) -> set[str]:
-    return {name for name, v in found.items() if not v.ok}
 
 
 @pytest.mark.parametrize("spec", [s for family in FAMILIES.values() for s in family("smoke")], ids=lambda s: s.id)

@@ -161,3 +161,18 @@ class DiscardedRecompute:
             if type(module) is torch.nn.Linear:
                 module.forward = types.MethodType(forward, module)
         return model
+
+
+def verdicts(spec: CaseSpec, backend) -> dict:
+    """The waste checks' verdicts of one run of `spec` on `backend`, by check name (the run must not raise)."""
+    from te_verify.checks.waste import waste_verdicts
+    from te_verify.probes import default_probes
+    from te_verify.run.runner import run_case
+
+    record = run_case(spec, backend, default_probes(backend.name))
+    assert record.error is None, record.error
+    return {v.check: v for v in waste_verdicts(spec, record, backend.name)}
+
+
+def failed(found: dict) -> set[str]:
+    return {name for name, v in found.items() if not v.ok}
