@@ -80,8 +80,9 @@ def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
             or args.te_impl not in (None, "transformer_engine_cpu"):
         return []
     backends = args.backend or list(TIER_DEFAULTS[args.tier])
-    passes = plan(backends, bool(torch_missing_api()), compile_python())
-    if torch_missing_api() and not any(p.name.startswith("compile") for p in passes) and \
+    lacks_api = bool(torch_missing_api())
+    passes = plan(backends, lacks_api, compile_python())
+    if lacks_api and not any(p.name.startswith("compile") for p in passes) and \
             any(b.startswith("torch_compile_te") for b in backends):
         print("te-verify: torch_compile_te runs here with TE's modules falling back to eager (this torch lacks TE's "
               "compile API); scripts/bootstrap_compile.sh builds the environment where its compiled path runs",
