@@ -59,6 +59,7 @@ def test_the_run_fails_when_any_pass_fails_and_is_empty_only_when_every_pass_is(
     assert exit_status(codes) == want
 
 
+@pytest.mark.system
 def test_capability_passes_split_the_te_lane_and_keep_the_other_lanes_in_the_default_pass():
     """The sm90 pass holds the freeze family and the FP8 cases TE serves at sm90; the sm100 pass holds MXFP8 (named
     -sm100) and no torch-lane case; a plain run at sm90 keeps today's ids."""

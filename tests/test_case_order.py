@@ -30,6 +30,7 @@ def _verdicts(tmp_path, order: str) -> dict[str, tuple[str, dict]]:
     return {r["nodeid"]: (r["outcome"], r.get("checks")) for r in rows}
 
 
+@pytest.mark.system
 def test_verdicts_are_equal_forward_and_reversed(tmp_path):
     forward = _verdicts(tmp_path, "collected")
     assert len(forward) == 8 and {outcome for outcome, _ in forward.values()} == {"passed", "xfailed"}, forward
@@ -53,6 +54,7 @@ def test_case_order_reorders_the_collection_the_same_way_every_time(order):
     assert ids == expected[order] if order in expected else ids not in expected.values()
 
 
+@pytest.mark.system
 def test_a_bad_case_order_is_a_one_line_error():
     proc = run_pytest("cases/test_freeze.py", "--collect-only", "-q", "--case-order", "sideways")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]

@@ -39,6 +39,7 @@ def test_generator_tiers_cover_fsdp2_with_a_frozen_base():
     assert all(s.dist.world_size == 2 and s.batch_shape[0] % 2 == 0 for s in pr)
 
 
+@pytest.mark.system
 def test_clean_fsdp2_on_a_lora_block_passes_and_reduces_only_trainable_bytes(pool):
     verdicts = by_check(verify_dist(FSDP2, pool, {}))
     assert all(v.ok for v in verdicts.values()), [v.message for v in verdicts.values() if not v.ok]

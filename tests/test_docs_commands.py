@@ -132,6 +132,7 @@ SMALLEST: dict[str, Smallest] = {
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
     # docs/tiers.md
     "bash scripts/proofs.sh": Smallest(None, "the pr-tier proofs (minutes); the test command runs them at smoke"),
+    "bash scripts/system_tests.sh": Smallest(None, "the end-to-end tests (about 20 minutes; the cpu workflow's system job)"),
     # docs/te-compile.md: the compile environment (torch 2.15.0) (5.4 GB, minutes to install) and runs in it; the pinned one.
     "bash scripts/bootstrap.sh --compile": Smallest(None, "installs torch 2.15.0 with its CUDA libraries (5.7 GB)"),
     "bash scripts/run_torch_compile_te.sh": Smallest(

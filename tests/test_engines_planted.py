@@ -36,6 +36,7 @@ def _failed(verdicts: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("te", [False, True], ids=["torch_linear", "te_linear_fused_wgrad"])
+@pytest.mark.system
 def test_clean_megatron_ddp_passes_every_check_over_its_steps(pool, te):
     verdicts = _verdicts(pool, te=te)
     assert not _failed(verdicts), {k: verdicts[k].message for k in _failed(verdicts)}

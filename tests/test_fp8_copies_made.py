@@ -145,6 +145,7 @@ def custom_sm100() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.system  # custom_sm100: an interpreter booted at sm100
 def test_nothing_quantized_where_nothing_needs_a_gradient_passes_saying_so(custom_sm100):
     """Every expert and the input frozen: CustomRecipe's high-precision forward makes no copy, and none is needed."""
     clean = custom_sm100["made clean"]
@@ -153,6 +154,7 @@ def test_nothing_quantized_where_nothing_needs_a_gradient_passes_saying_so(custo
                                                             "recorded read high-precision operands")
 
 
+@pytest.mark.system  # custom_sm100: an interpreter booted at sm100
 def test_planted_columnwise_copies_where_nothing_needs_them_fail(custom_sm100):
     planted = custom_sm100["made planted"]
     assert not planted["ok"]
@@ -160,6 +162,7 @@ def test_planted_columnwise_copies_where_nothing_needs_them_fail(custom_sm100):
         assert f"layer 0.e{expert}: weight has a columnwise copy" in planted["message"]
 
 
+@pytest.mark.system  # custom_sm100: an interpreter booted at sm100
 @pytest.mark.parametrize("run", ["made no gemms", "made fp8 gemms", "made unattributed gemms", "made trains"])
 def test_a_record_that_missed_the_gemms_or_the_copies_is_not_observed(custom_sm100, run: str):
     """No GEMM seen, GEMMs on FP8 operands or of no layer beside no copy, or no copy where wgrads needed some."""
@@ -168,6 +171,7 @@ def test_a_record_that_missed_the_gemms_or_the_copies_is_not_observed(custom_sm1
     assert "fp8_copies_made not observed: no quantized copy attributed to a layer" in verdict["message"]
 
 
+@pytest.mark.system  # custom_sm100: an interpreter booted at sm100
 def test_saved_bias_casts_are_named_and_without_biases_saved_bytes_are_exact(custom_sm100):
     """GroupedLinear keeps a bf16 cast of each expert's bias (fp32 activations, FP8 GEMMs) that backward never
     reads: te_saved_bytes fails by exactly those 4 x 64 B and names them; without biases it passes."""

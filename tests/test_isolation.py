@@ -29,6 +29,7 @@ from te_verify.run.runner import run_case
 REPLAYED = "lin4-w32.32.32.32.32-freeze0000-bias-x_grad-in8-fp32-r2"
 
 
+@pytest.mark.system
 def test_an_inductor_backward_is_not_loaded_from_an_earlier_case(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # empty: only this test's entries
     specs = {s.id: s for s in FAMILIES["replay"]("nightly")}

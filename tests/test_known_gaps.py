@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_plugin import run_pytest
 
 from te_verify.checks.verdict import Verdict
@@ -131,6 +132,7 @@ def _run(tmp_path: Path, backend: str) -> dict:
     return {"code": proc.returncode, "out": proc.stdout, "rows": rows}
 
 
+@pytest.mark.system
 def test_plugin_keeps_a_gap_blind_only_to_its_own_checks(tmp_path):
     gap_only = _run(tmp_path, "planted_gaps:KeepsFrozenGrad")
     assert gap_only["code"] == 0, gap_only["out"][-3000:]

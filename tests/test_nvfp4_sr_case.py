@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from proof_tier import PROOF_TIER
 
+# Every test runs the case's pytest in another process: the system tests' (scripts/system_tests.sh).
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[1]
 # Each run is a pytest session in the booted interpreter (~20 s here, mostly collection): the test command runs the
 # clean case; the proofs job (TE_VERIFY_PROOF_TIER=pr, scripts/proofs.sh) adds the planted wrong wgrad (grad_scale's

@@ -25,6 +25,7 @@ def run_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.system
 def test_rows_from_every_xdist_worker_reach_results(tmp_path):
     report = tmp_path / "report"
     proc = run_pytest("cases/test_freeze.py", "cases/test_bias.py", "--tier", "smoke", "--backend", "eager",
@@ -61,6 +62,7 @@ def many(runs: list[list[str]]) -> list[dict]:
     return results
 
 
+@pytest.mark.system
 def test_bad_option_is_a_one_line_usage_error():
     results = many([["cases/test_freeze.py", "--collect-only", *option] for option, _ in BAD_OPTIONS])
     for (option, culprit), result in zip(BAD_OPTIONS, results):
@@ -70,6 +72,7 @@ def test_bad_option_is_a_one_line_usage_error():
             (option, result["stderr"][-2000:])
 
 
+@pytest.mark.system
 def test_report_header_names_versions_and_compat():
     proc = run_pytest("cases/test_freeze.py", "--collect-only", "--backend", "eager")
     out = proc.stdout
@@ -79,6 +82,7 @@ def test_report_header_names_versions_and_compat():
             "(C++ kernels not under test); emulated sm90") in out
 
 
+@pytest.mark.system
 def test_external_backend_runs_the_whole_torch_lane(tmp_path):
     """Every torch-lane case of the proof tier (at pr: every candidate, --pr-candidates), each passing."""
     candidates = ["--pr-candidates"] if PROOF_TIER == "pr" else []
@@ -99,6 +103,7 @@ def _expectations(tmp_path: Path, prefix: str) -> Path:
     return folder
 
 
+@pytest.mark.system
 def test_unexpected_pass_fails_naming_the_entry_to_remove(tmp_path):
     passing = FAMILIES["freeze"]("smoke")[0].id
     folder = _expectations(tmp_path, passing)
@@ -111,6 +116,7 @@ def test_unexpected_pass_fails_naming_the_entry_to_remove(tmp_path):
     assert len(xpassed) == 1 and xpassed[0]["expectation"]["prefix"] == passing
 
 
+@pytest.mark.system
 def test_stale_expectation_warns_at_the_end(tmp_path):
     folder = _expectations(tmp_path, "lin9-no-such-case")
     proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
@@ -123,6 +129,7 @@ def test_stale_expectation_warns_at_the_end(tmp_path):
     assert "stale expectation " not in proc.stdout and "not judged on a selection of node ids" in proc.stdout
 
 
+@pytest.mark.system
 def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
     folder = tmp_path / "expectations"
     folder.mkdir()
@@ -136,6 +143,7 @@ def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
 
 
 @pytest.mark.parametrize("failure, passes", [("forward output", True), ("some other gap", False)])
+@pytest.mark.system
 def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, passes):
     """A glob entry of family "generated" with a failure text covers the specs hypothesis draws: a drawn spec
     failing with that text is the known gap (noted on the row); failing otherwise is a finding."""
@@ -170,6 +178,7 @@ def _cli_alone(tmp_path: Path, backend: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("backend", RUN_ALONE)
+@pytest.mark.system
 def test_one_backend_per_lane_alone_runs_the_smoke_tier(tmp_path, backend):
     """`te-verify run --tier smoke --backend X` collects and runs X's lane alone: exit 0, never an internal error;
     an unavailable backend's cases skip with the reason."""
@@ -181,6 +190,7 @@ def test_one_backend_per_lane_alone_runs_the_smoke_tier(tmp_path, backend):
     assert all(r["outcome"] in ("passed", "xfailed", "skipped") for r in rows)
 
 
+@pytest.mark.system
 def test_each_builtin_backend_alone_collects_its_lane_alone():
     """`--backend X` selects X's cases and nothing else, in the lane X declares; collection never errors. One
     interpreter collects for every backend (tests/pytest_many.py), each as its own pytest invocation."""

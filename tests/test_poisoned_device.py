@@ -8,6 +8,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from pytest_many import run_many
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ RUNS = {
 }
 
 
+@pytest.mark.system
 def test_eager_and_te_lanes_pass_with_the_default_device_poisoned(tmp_path):
     """Both runs in one interpreter (tests/pytest_many.py), poisoned from the first run's start on."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}

@@ -67,6 +67,7 @@ def start_warm(pool) -> None:
     pool.run(all_reduce_rank_sum, 0)
 
 
+@pytest.mark.system
 def test_hang_fails_naming_rank_and_leaves_nothing(pool):
     start_warm(pool)
     pids, began = pool.pids, time.monotonic()

@@ -260,6 +260,7 @@ link = "https://github.com/NVIDIA/TransformerEngine/pull/1770"
 '''
 
 
+@pytest.mark.system
 def test_the_plugin_puts_back_what_a_test_body_left_and_fails_it(tmp_path):
     (tmp_path / "test_leaking.py").write_text(LEAKING_CASES)
     (tmp_path / "expectations").mkdir()

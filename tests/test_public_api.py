@@ -155,6 +155,7 @@ def test_te_impl_te_verify_reference_still_resolves(monkeypatch):
                              "te_verify.te.reference)")
 
 
+@pytest.mark.system
 def test_te_impl_te_verify_reference_still_runs_a_te_family(tmp_path):
     command = [sys.executable, "-m", "pytest", "cases/test_te_peft.py", "-q", "-p", "no:cacheprovider", "--tier",
                "smoke", "--backend", "te_eager", "--te-impl", "te_verify.reference", "--report-dir", str(tmp_path)]
@@ -165,6 +166,7 @@ def test_te_impl_te_verify_reference_still_runs_a_te_family(tmp_path):
     assert results["rows"] and {r["outcome"] for r in results["rows"]} == {"passed"}
 
 
+@pytest.mark.system
 def test_a_users_engine_on_the_public_module_passes_and_its_planted_twin_fails(tmp_path):
     """examples/user_engine.py trains under its name and is judged like an engine (params_after_steps,
     engine_state); the same engine decaying its frozen weights fails params_after_steps alone, naming them."""

@@ -52,6 +52,7 @@ def _hanging_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.system
 def test_a_hanging_case_fails_timed_out_with_its_stack_and_the_run_goes_on(tmp_path):
     """Under xdist: the hung case's worker ends, its row says where it hung, a new worker runs the rest."""
     proc = _hanging_run(tmp_path, "-n", "1", "--report-dir", str(tmp_path / "report"))
@@ -66,6 +67,7 @@ def test_a_hanging_case_fails_timed_out_with_its_stack_and_the_run_goes_on(tmp_p
     assert "incomplete" not in results["header"]
 
 
+@pytest.mark.system
 def test_without_xdist_a_hanging_case_ends_the_run_marked_incomplete_and_resume_finishes_it(tmp_path):
     """-n 0: nothing can replace the stuck process; the run ends with the timed-out row and an incomplete report,
     exit status 2, and --resume runs the cases that never ran."""
@@ -86,6 +88,7 @@ def test_without_xdist_a_hanging_case_ends_the_run_marked_incomplete_and_resume_
     assert "incomplete" not in results["header"] and len(results["rows"]) == 5
 
 
+@pytest.mark.system
 def test_more_crashes_than_worker_restarts_leave_no_case_silently_without_a_row(tmp_path):
     """Every case kills its worker and xdist may replace none: the case left over is named, the run fails."""
     proc = _run("--backend", "planted_crash:KillsEveryWorker", "-n", "1", "--max-worker-restart", "0",
@@ -117,6 +120,7 @@ def _cut_last_rows(folder: Path, keep: int) -> None:
     (folder / STREAM).write_text("\n".join(lines[:2 + keep] + [lines[2 + keep][:40]]))
 
 
+@pytest.mark.system
 def test_a_cut_last_line_then_two_resumes_keep_the_stream_readable_and_complete_the_report(tmp_path):
     args = ("--backend", "eager", "-n", "0")  # the freeze family's smoke cases: 3 rows kept, the 4th cut
     assert _run(*args, "--report-dir", str(tmp_path)).returncode == 0
@@ -136,6 +140,7 @@ def test_a_cut_last_line_then_two_resumes_keep_the_stream_readable_and_complete_
         assert versions.get(package), package
 
 
+@pytest.mark.system
 def test_a_second_run_into_a_live_runs_report_folder_is_refused_in_one_line(tmp_path):
     """The first run holds its folder open until the test lets it end; the second (te-verify run) is refused."""
     folder, flag = tmp_path / "report", tmp_path / "flag"
@@ -186,6 +191,7 @@ def test_a_stale_lock_is_taken_over_and_a_live_one_refused(tmp_path):
                                                         "you mean 'grad_parity'?)"),
     (("-n", "2", "-k", "overlap=True"), "-k 'overlap=True': at column 8: expected end of input; got ="),
 ])
+@pytest.mark.system
 def test_bad_input_is_one_line(tmp_path, args, culprit):
     (tmp_path / "eager.toml").write_text('[[xfail]]\nprefix = "lin4-"\nreason = "r"\nlink = "https://x.org/1"\n'
                                          'checks = ["grad_parrity"]\n')
@@ -279,6 +285,7 @@ def test_every_check_name_in_the_code_is_registered():
     assert list(CHECKS) == sorted(set(CHECKS))
 
 
+@pytest.mark.system
 def test_a_killed_rank_pool_leaves_nothing_in_tmp_after_the_next_start(tmp_path):
     script = ("from te_verify.distributed.pool.pool import RankPool; import time; pool = RankPool(world_size=2); "
               "pool.start(); print(pool._tmpdir, *pool.pids, flush=True); time.sleep(120)")

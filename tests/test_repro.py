@@ -47,6 +47,7 @@ def _run(script: Path, pythonpath: Path) -> subprocess.CompletedProcess:
                           cwd=script.parent, timeout=300)
 
 
+@pytest.mark.system
 def test_repro_fails_with_the_message_then_passes_once_fixed(tmp_path, monkeypatch):
     path = _planted_module(tmp_path, fault=True)
     monkeypatch.syspath_prepend(str(tmp_path))

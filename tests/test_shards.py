@@ -34,6 +34,7 @@ def shard_args(k: int | None) -> list[str]:
     return [] if k is None else ["--shard", f"{k}/{len(SHARDS)}"]
 
 
+@pytest.mark.system
 def test_shards_of_the_pr_tier_partition_its_cases():
     ids, _ = pytest_runs({k: ["cases", "--tier", "pr", "--collect-only", *shard_args(k)] for k in (None, *SHARDS)})
     everything = set(ids[None])
@@ -84,6 +85,7 @@ def reports(shard_runs) -> dict:
     return shard_runs[0]
 
 
+@pytest.mark.system
 def test_a_shard_does_not_call_the_other_shards_expectations_stale(shard_runs):
     output = shard_runs[1]
     assert output.count("te_verify WARNING: stale expectation") == 1 and output.count(STALE) == 1  # unsharded run's
@@ -94,6 +96,7 @@ def outcomes(folder: Path) -> dict[str, str]:
     return {r["nodeid"]: r["outcome"] for r in json.loads((folder / "results.json").read_text())["rows"]}
 
 
+@pytest.mark.system
 def test_merge_of_the_shards_equals_the_unsharded_run(reports, tmp_path):
     merged = tmp_path / "merged"
     proc = merge(*(str(reports[k]) for k in SHARDS), "--out", str(merged))
@@ -107,6 +110,7 @@ def test_merge_of_the_shards_equals_the_unsharded_run(reports, tmp_path):
     assert "merged from shards" in (merged / "report.html").read_text()
 
 
+@pytest.mark.system
 def test_merge_refuses_a_case_present_twice_naming_it(reports, tmp_path):
     proc = merge(str(reports[1]), str(reports[None]), "--out", str(tmp_path / "m"))
     duplicate = next(nodeid for nodeid in outcomes(reports[None]) if nodeid in outcomes(reports[1]))
@@ -116,12 +120,14 @@ def test_merge_refuses_a_case_present_twice_naming_it(reports, tmp_path):
     assert proc.returncode == 2 and "shard 1/3 is in both" in proc.stderr
 
 
+@pytest.mark.system
 def test_merge_names_a_missing_shard_and_still_writes(reports, tmp_path):
     proc = merge(str(reports[1]), str(reports[3]), "--out", str(tmp_path / "m"))
     assert proc.returncode == 1 and "shard(s) 2/3 missing" in proc.stderr
     assert len(outcomes(tmp_path / "m")) == len(outcomes(reports[1])) + len(outcomes(reports[3]))
 
 
+@pytest.mark.system
 def test_merging_a_non_report_is_a_one_line_error_naming_it(reports, tmp_path):
     stray = tmp_path / "notes.json"
     stray.write_text(json.dumps({"hello": 1}))

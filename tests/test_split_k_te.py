@@ -92,6 +92,7 @@ def _te_lane(folder, te_impl: str) -> dict[str, dict]:
     return {r["nodeid"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
 
 
+@pytest.mark.system
 def test_the_split_k_te_build_gets_te_s_outcome_on_every_te_lane_case(tmp_path):
     """The whole TE lane (the proof tier, tests/proof_tier.py) over `--te-impl split_k_te_build` and over TE itself:
     per case the same outcome and the same verdict of every check (known gaps failing as recorded), with more GEMMs at

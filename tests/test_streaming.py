@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from planted_crash import VICTIM
 from report_fixtures import results, write
 
@@ -59,6 +60,7 @@ def _verdicts(folder: Path) -> dict[str, str]:
     return {r["nodeid"]: r["outcome"] for r in rows}
 
 
+@pytest.mark.system
 def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert subprocess.run([*RUN, "--workers", "0", "--report-dir", str(whole)], cwd=ROOT, env=ENV, capture_output=True,
@@ -90,6 +92,7 @@ def test_a_killed_run_keeps_its_rows_and_resume_completes_it(tmp_path):
     assert "incomplete" not in json.loads((killed / "results.json").read_text())["header"]
 
 
+@pytest.mark.system
 def test_a_resume_of_another_selection_is_refused_in_one_line(tmp_path):
     folder = tmp_path / "run"
     assert _cli("run", "--tier", "smoke", "--backend", "eager", "--workers", "0", "--report-dir", str(folder),
@@ -102,6 +105,7 @@ def test_a_resume_of_another_selection_is_refused_in_one_line(tmp_path):
     assert missing.returncode == 4 and "no rows.jsonl there" in missing.stderr
 
 
+@pytest.mark.system
 def test_a_case_that_kills_its_worker_is_a_crashed_row_and_the_run_goes_on(tmp_path):
     folder = tmp_path / "crash"
     proc = _cli("run", "--tier", "smoke", "--backend", "planted_crash:KillsItsWorker", "--workers", "1",

@@ -149,6 +149,7 @@ def test_graph_break_records_read_in_te_s_words():
 
 # ---------------------------------------------------------------------------------------------- runs of TE
 @pytest.mark.skipif(HAS_API, reason="this torch has TE's compile API: see the compiled-path tests")
+@pytest.mark.system
 def test_on_old_torch_every_row_falls_back_in_te_s_words_and_the_header_names_the_torch(tmp_path):
     """A case through the plugin (high precision, BitFit: its own known gap, TE's missing bias gradient, is beside
     the point): the row says fallback with TE's words, the check is not applicable (no te_compile_path verdict
@@ -209,6 +210,7 @@ def test_delayed_scaling_is_reported_as_te_s_fallback(te_python):
 
 @pytest.mark.skipif(HAS_API, reason="this torch runs the compiled-path tests in place")
 @pytest.mark.skipif(not COMPILE_PYTHON.exists(), reason="no .venv-compile: bash scripts/bootstrap.sh --compile")
+@pytest.mark.system
 def test_compiled_path_tests_in_the_compile_environment():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run([str(COMPILE_PYTHON), "-m", "pytest", "tests/test_te_compile.py", "-p", "no:cacheprovider", "-q",

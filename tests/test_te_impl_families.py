@@ -45,6 +45,7 @@ def _by_family(rows: list[dict], outcome: str) -> dict[str, list[dict]]:
     return {f: [r for r in rows if r["family"] == f and r["outcome"] == outcome] for f in FAMILIES}
 
 
+@pytest.mark.system
 def test_reference_as_a_users_module_passes_every_family(tmp_path):
     done, rows = _run_families(tmp_path, "te_verify.te.reference", "smoke")
     assert done.returncode == 0, done.stdout[-3000:]
@@ -54,6 +55,7 @@ def test_reference_as_a_users_module_passes_every_family(tmp_path):
     assert all("lacks" in r["reason"] for r in rows if r["outcome"] == "skipped")
 
 
+@pytest.mark.system
 def test_minimal_build_runs_what_it_serves_and_skips_naming_what_it_lacks(tmp_path):
     done, rows = _run_families(tmp_path, MINIMAL, "pr")
     assert done.returncode == 0, done.stdout[-3000:]

@@ -79,6 +79,7 @@ def test_te_raises_at_the_second_backward_where_thunder_te_completes():
     assert replay_semantics(REPLAY.id, "thunder_te", te, thunder, tolerance_for(REPLAY)).figures["replay_drift"] > 0
 
 
+@pytest.mark.system
 def test_an_unemulated_tex_call_makes_its_case_error_naming_the_function_and_tes_call_site():
     from test_plugin import run_pytest
 

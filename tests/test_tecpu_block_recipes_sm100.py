@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test reads one interpreter booted at sm100 (a subprocess): the system tests' (scripts/system_tests.sh).
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("mxfp8", "nvfp4", "block")
 # Planted fault -> (recipes it must fail, the reason every failure of it gives).

@@ -34,6 +34,7 @@ def test_a_gradient_one_percent_off_fails_naming_it(case_id):
     assert "grad of 1.weight: error vs the fp64 truth" in failing["grad_parity"]
 
 
+@pytest.mark.system
 def test_correct_implementations_written_differently_pass_the_torch_lane(tmp_path):
     """Matmul-then-bias passes every case. fp64 inside passes every value check (its gradients, outputs and
     parameters are closer to the truth than eager's, and lean less); its fp64 working copies of each layer's operands

@@ -52,6 +52,7 @@ def finish(nodes: list[subprocess.Popen], timeout: float) -> list[str]:
             f"--- node {k} ---\n{out[-2000:]}" for k, out in enumerate(outs)))
 
 
+@pytest.mark.system
 def test_two_node_torchrun_writes_one_report_from_rank_0(tmp_path):
     port = free_port()
     nodes = [launch(rank, port, tmp_path / f"node{rank}") for rank in (0, 1)]
@@ -96,6 +97,7 @@ def run_one_node(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProces
     return proc, json.loads(results.read_text())["rows"] if results.exists() else []
 
 
+@pytest.mark.system
 def test_a_planted_failing_case_exits_non_zero(tmp_path):
     proc, rows = run_one_node(tmp_path, "--wrap", "planted_wrappers:PlantedSkippingDDP")
     assert proc.returncode != 0, proc.stdout[-3000:]
@@ -103,6 +105,7 @@ def test_a_planted_failing_case_exits_non_zero(tmp_path):
     assert all("grad of 0.weight" in r["reason"] for r in rows)
 
 
+@pytest.mark.system
 def test_expectations_apply_as_in_the_plugin(tmp_path):
     """The same planted failure recorded as a known gap of its checks exits 0 (xfailed); recorded for one of its two
     failing checks it fails naming the other; a gap recorded for a passing case fails as an unexpected pass. (Another
@@ -127,12 +130,14 @@ def test_expectations_apply_as_in_the_plugin(tmp_path):
     assert proc.returncode == 1 and rows[0]["outcome"] == "xpassed" and "UNEXPECTED PASS" in rows[0]["reason"]
 
 
+@pytest.mark.system
 def test_bad_wrap_or_expectations_is_a_one_line_error(tmp_path):
     proc, _ = run_one_node(tmp_path, "--wrap", "no_such_module:wrap")
     assert proc.returncode != 0 and "--wrap 'no_such_module:wrap': cannot load it" in proc.stderr
     assert "Traceback" not in proc.stderr.split("--wrap")[0][-200:]
 
 
+@pytest.mark.system
 def test_a_training_engine_with_te_runs_under_torchrun_and_the_header_lists_its_steps(tmp_path):
     proc, rows = run_one_node(tmp_path, "--family", "dist_te_megatron")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -144,6 +149,7 @@ def test_a_training_engine_with_te_runs_under_torchrun_and_the_header_lists_its_
     assert header["te_impl"]["name"] != "-"  # TE's Linear ran: the header says which implementation
 
 
+@pytest.mark.system
 def test_a_hanging_case_ends_the_job_with_its_row_and_the_report_marked_incomplete(tmp_path):
     """Rank 1 never returns from forward, rank 0 waits in a collective: both watchdogs fire at --case-timeout, rank 0
     writes the case's row with its stack and the report naming the cases that never ran; the job exits 1 in time."""
@@ -159,6 +165,7 @@ def test_a_hanging_case_ends_the_job_with_its_row_and_the_report_marked_incomple
     assert "timeout (5 s)" in header["incomplete"]["why"] and "incomplete: 1 of" in proc.stderr
 
 
+@pytest.mark.system
 def test_a_report_folder_in_use_is_refused_on_every_rank_in_one_line(tmp_path):
     from te_verify.report.lock import acquire
 

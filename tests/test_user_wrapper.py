@@ -33,6 +33,7 @@ def run_cases(tmp_path: Path, backends: tuple[str, ...], *files: str) -> tuple[s
     return done, json.loads(results.read_text())["rows"] if results.exists() else []
 
 
+@pytest.mark.system
 def test_the_example_runs_its_families_in_the_pool_under_its_name(tmp_path):
     done, rows = run_cases(tmp_path, (EXAMPLE,), "cases/test_dist_ddp.py", "cases/test_dist_lora.py",
                            "cases/test_dist_fsdp.py")
@@ -43,6 +44,7 @@ def test_the_example_runs_its_families_in_the_pool_under_its_name(tmp_path):
     assert all("gradient_volume" in r["checks"] and "dist_waste_flops" in r["checks"] for r in rows)
 
 
+@pytest.mark.system
 def test_a_fault_in_a_users_wrapper_fails_under_its_name(tmp_path):
     done, rows = run_cases(tmp_path, ("planted_wrappers:PlantedSkippingDDP",), "cases/test_dist_ddp.py")
     assert done.returncode == 1 and rows and {r["outcome"] for r in rows} == {"failed"}
@@ -50,6 +52,7 @@ def test_a_fault_in_a_users_wrapper_fails_under_its_name(tmp_path):
     assert all("backend planted_skipping_ddp" in r["reason"] and "grad of 0.weight" in r["reason"] for r in rows)
 
 
+@pytest.mark.system
 def test_the_example_runs_under_torchrun_under_its_name(tmp_path):
     proc, rows = run_one_node(tmp_path, "--wrap", EXAMPLE)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -76,6 +79,7 @@ def test_a_declaration_may_not_take_a_built_in_name(monkeypatch):
         declared_wrapper("planted_wrappers:PlantedSkippingDDP")
 
 
+@pytest.mark.system
 def test_torchrun_refuses_a_bare_function_in_one_line(tmp_path):
     proc, _ = run_one_node(tmp_path, "--wrap", "planted_wrappers:ddp_skipping_first_weight")
     assert proc.returncode != 0  # the ranks exit 2; torchrun reports a child's failure as 1

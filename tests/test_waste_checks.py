@@ -108,6 +108,7 @@ def test_a_split_k_with_a_half_missing_or_repeated_fails():
                         "required)"]
 
 
+@pytest.mark.system
 def test_split_k_passes_the_torch_lane(tmp_path):
     from proof_tier import PROOF_TIER, PROOF_WORKERS, torch_lane_cases
     from test_plugin import run_pytest
