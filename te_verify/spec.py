@@ -381,7 +381,8 @@ def _check_accumulation(te: TEConfig) -> None:
            f"te.accumulation={te.accumulation!r} needs te.microbatches > 1 (one microbatch has one order)")
 
 
-# Wrappers whose microbatches the lane drives (CaseSpec.microbatches); an engine counts its own (dist option microbatches).
+# Wrappers whose microbatches the lane drives (CaseSpec.microbatches); an engine counts its own (dist option
+# microbatches).
 ACCUMULATING_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp")
 
 
@@ -390,21 +391,24 @@ def _check_microbatches(spec: CaseSpec) -> None:
     n, order = spec.microbatches, spec.accumulation
     _check(isinstance(n, int) and n >= 1, f"microbatches={n!r}: at least one")
     _check(order in ACCUMULATIONS, f"accumulation={order!r}: expected one of {ACCUMULATIONS}")
-    _check(order == "interleaved" or n > 1, f"accumulation={order!r} needs microbatches > 1 (one microbatch has one order)")
+    _check(order == "interleaved" or n > 1,
+           f"accumulation={order!r} needs microbatches > 1 (one microbatch has one order)")
     if n == 1:
         return
     _check(spec.te is None, f"microbatches={n}: the TE lane counts te.microbatches (te={spec.te and spec.te.tag})")
-    _check(spec.model is None, f"microbatches={n}: built for the linear stack, not model.kind={spec.model and spec.model.kind!r}")
-    plain = {"replays": (spec.replays, 1), "warmup_steps": (spec.warmup_steps, 0), "recompute": (spec.recompute, "none"),
-             "autocast": (spec.autocast, ""), "schedule": (spec.schedule, ())}
+    _check(spec.model is None,
+           f"microbatches={n}: built for the linear stack, not model.kind={spec.model and spec.model.kind!r}")
+    plain = {"replays": (spec.replays, 1), "warmup_steps": (spec.warmup_steps, 0),
+             "recompute": (spec.recompute, "none"), "autocast": (spec.autocast, ""), "schedule": (spec.schedule, ())}
     for name, (value, default) in plain.items():
         _check(value == default, f"microbatches={n}: not built with {name}={value!r} (only {default!r})")
     if spec.dist is not None:
-        _check(spec.dist.wrapper in ACCUMULATING_WRAPPERS,
-               f"microbatches={n}: dist.wrapper={spec.dist.wrapper!r} is not one of {ACCUMULATING_WRAPPERS} (an engine "
-               f"takes its own dist option microbatches)")
+        _check(spec.dist.wrapper in ACCUMULATING_WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
+               f"microbatches={n}: dist.wrapper={spec.dist.wrapper!r} is not one of {ACCUMULATING_WRAPPERS} or a "
+               f"declared wrapper (an engine takes its own dist option microbatches)")
         _check(spec.batch_shape[0] % (spec.dist.world_size * n) == 0,
-               f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks x {n} microbatches")
+               f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks x {n} "
+               f"microbatches")
 
 
 def _check_kind(m: ModelConfig, rules: KindRules) -> None:

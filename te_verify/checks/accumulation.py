@@ -36,7 +36,8 @@ def accumulated_work(spec: CaseSpec, record: Record, backend: str) -> Verdict:
     problems, notes = [], []
     stray = [e for e in events if not 1 <= e.pass_index <= spec.microbatches]
     if stray:
-        problems.append(f"{len(stray)} GEMM(s) outside every microbatch's passes ({sum(e.flops for e in stray):,} FLOPs)")
+        problems.append(f"{len(stray)} GEMM(s) outside every microbatch's passes "
+                        f"({sum(e.flops for e in stray):,} FLOPs)")
     for m in range(1, spec.microbatches + 1):
         found, seen = gemm_problems(pair, _pair_events(events, m))
         problems += [f"microbatch {m} {line}" for line in found]

@@ -1,6 +1,6 @@
 """Drive a spec over its microbatches (a TE-lane spec's te.microbatches, else CaseSpec.microbatches: forward,
-backward, backward_dw when delayed; interleaved, or every forward first: `accumulation`) on any backend, and observe what the weight-gradient
-contract is about: param.grad after each microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
+backward, backward_dw when delayed; interleaved, or every forward first: `accumulation`) on any backend, and observe
+what the weight-gradient contract is about: param.grad after each microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
 how often autograd accumulated into .grad.
 """
 from __future__ import annotations
