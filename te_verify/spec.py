@@ -254,6 +254,12 @@ class CaseSpec:
     # Mixed precision: "" (none) or "bf16": fp32 parameters and inputs, every forward (every backend's and eager's;
     # not the fp64 truth's) under torch.autocast(dtype=torch.bfloat16), as users train; backward outside it.
     autocast: str = ""
+    # Gradient accumulation outside the TE lane (whose own is te.microbatches): microbatches per iteration before the
+    # optimizer step. The torch lane runs that many seeded batches (run.microbatch); a distributed wrapper its rank's
+    # shard chunked into that many, all but the last under the wrapper's no-sync context (distributed.rank.accumulate).
+    microbatches: int = 1
+    # Their order (ACCUMULATIONS): each forward followed by its backward, or every forward first.
+    accumulation: str = "interleaved"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -291,6 +297,8 @@ class CaseSpec:
             parts.append(f"ckpt_{self.recompute}")
         if self.schedule:  # suffix only off the default, so existing ids stay
             parts.append("sched" + "+".join(f"{k}.{change}" for k, change in self.schedule))
+        if self.microbatches > 1:  # suffix only off the default, so existing ids stay
+            parts.append(f"mb{self.microbatches}" + (".fwdfirst" if self.accumulation != "interleaved" else ""))
         return "-".join(parts)
 
     def _stack_tag(self) -> list[str]:
@@ -371,6 +379,36 @@ def _check_accumulation(te: TEConfig) -> None:
     _check(te.accumulation in ACCUMULATIONS, f"te.accumulation={te.accumulation!r}: expected one of {ACCUMULATIONS}")
     _check(te.accumulation == "interleaved" or te.microbatches > 1,
            f"te.accumulation={te.accumulation!r} needs te.microbatches > 1 (one microbatch has one order)")
+
+
+# Wrappers whose microbatches the lane drives (CaseSpec.microbatches); an engine counts its own (dist option
+# microbatches).
+ACCUMULATING_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp")
+
+
+def _check_microbatches(spec: CaseSpec) -> None:
+    """CaseSpec.microbatches/accumulation: the plain training step of a stack, on the torch lane or a wrapper."""
+    n, order = spec.microbatches, spec.accumulation
+    _check(isinstance(n, int) and n >= 1, f"microbatches={n!r}: at least one")
+    _check(order in ACCUMULATIONS, f"accumulation={order!r}: expected one of {ACCUMULATIONS}")
+    _check(order == "interleaved" or n > 1,
+           f"accumulation={order!r} needs microbatches > 1 (one microbatch has one order)")
+    if n == 1:
+        return
+    _check(spec.te is None, f"microbatches={n}: the TE lane counts te.microbatches (te={spec.te and spec.te.tag})")
+    _check(spec.model is None,
+           f"microbatches={n}: built for the linear stack, not model.kind={spec.model and spec.model.kind!r}")
+    plain = {"replays": (spec.replays, 1), "warmup_steps": (spec.warmup_steps, 0),
+             "recompute": (spec.recompute, "none"), "autocast": (spec.autocast, ""), "schedule": (spec.schedule, ())}
+    for name, (value, default) in plain.items():
+        _check(value == default, f"microbatches={n}: not built with {name}={value!r} (only {default!r})")
+    if spec.dist is not None:
+        _check(spec.dist.wrapper in ACCUMULATING_WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
+               f"microbatches={n}: dist.wrapper={spec.dist.wrapper!r} is not one of {ACCUMULATING_WRAPPERS} or a "
+               f"declared wrapper (an engine takes its own dist option microbatches)")
+        _check(spec.batch_shape[0] % (spec.dist.world_size * n) == 0,
+               f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks x {n} "
+               f"microbatches")
 
 
 def _check_kind(m: ModelConfig, rules: KindRules) -> None:
@@ -481,6 +519,7 @@ def validate(spec: CaseSpec) -> None:
         _check_accumulation(spec.te)
     _check_recompute(spec)
     _check_autocast(spec)
+    _check_microbatches(spec)
     if spec.dist is not None:
         _check(spec.dist.wrapper in WRAPPERS or spec.dist.wrapper in USER_WRAPPERS,
                f"dist.wrapper={spec.dist.wrapper!r}: expected one of {WRAPPERS} or a declared wrapper's name")

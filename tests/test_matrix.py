@@ -165,3 +165,30 @@ def test_forwards_first_accumulation_is_drawn_and_validated():
         with pytest.raises(SpecError, match=culprit) as info:
             CaseSpec(**base, te=te)
         assert "\n" not in str(info.value)
+
+
+def test_accumulation_outside_the_te_lane_is_drawn_and_validated():
+    """Issue 34, item 5: the torch lane's and the distributed lane's accumulation families draw forwards-first cases in
+    pr (one stack; one per accumulating wrapper) and both orders in nightly; ids change only off the default; a bad
+    combination fails in one line naming the field."""
+    from te_verify.matrix.dist import accumulation_specs as dist_specs
+    from te_verify.matrix.stacks import accumulation_specs
+    from te_verify.spec import ACCUMULATING_WRAPPERS, DistConfig, TEConfig
+
+    torch_pr, dist_pr = accumulation_specs("pr"), dist_specs("pr")
+    assert len(torch_pr) == 1 and torch_pr[0].id.endswith("-mb2.fwdfirst")
+    assert sorted(s.dist.wrapper for s in dist_pr) == sorted(ACCUMULATING_WRAPPERS)
+    for nightly in (accumulation_specs("nightly"), dist_specs("nightly")):
+        assert {s.accumulation for s in nightly} == {"interleaved", "forwards_first"}
+        assert {s.microbatches for s in nightly} >= {2} and min(s.microbatches for s in nightly) > 1
+    base = dict(family="accumulation", widths=(16, 16), weight_frozen=(False,), bias_frozen=(False,))
+    assert "mb" not in CaseSpec(**base).id and CaseSpec(**base, microbatches=3).id.endswith("-mb3")
+    for extra, culprit in (({"accumulation": "forwards_first"}, "needs microbatches > 1"),
+                           ({"microbatches": 2, "accumulation": "backwards_first"}, "accumulation='backwards_first'"),
+                           ({"microbatches": 2, "te": TEConfig()}, "te.microbatches"),
+                           ({"microbatches": 2, "replays": 2}, "replays=2"),
+                           ({"microbatches": 2, "dist": DistConfig("deepspeed_zero2")}, "deepspeed_zero2"),
+                           ({"microbatches": 3, "dist": DistConfig("ddp")}, "3 microbatches")):
+        with pytest.raises(SpecError, match=culprit) as info:
+            CaseSpec(**base, **extra)
+        assert "\n" not in str(info.value)

@@ -74,6 +74,10 @@ class DeclaredWrapper:
         return dedupe([s.replace(dist=DistConfig(self.name, s.dist.world_size)) for s in specs])
 
 
+# Families a declared wrapper runs only where its `families` names them: dist_accumulation needs its Wrapped.no_sync.
+OPT_IN = ("dist_accumulation",)
+
+
 def _families() -> tuple[str, ...]:
     from te_verify.matrix.dist import FAMILIES
 
@@ -91,7 +95,7 @@ def _check(path: str, obj: Any) -> DeclaredWrapper:
         raise DeclarationError(f"{path!r}: name={name!r}: a new identifier, not a built-in wrapper's name")
     if not isinstance(shards, bool) or not isinstance(reshards, bool):
         raise DeclarationError(f"{path!r}: shards={shards!r}, reshards_after_forward={reshards!r}: expected booleans")
-    families = tuple(getattr(obj, "families", None) or _families())
+    families = tuple(getattr(obj, "families", None) or [f for f in _families() if f not in OPT_IN])
     unknown = sorted(set(families) - set(_families()))
     if unknown:
         raise DeclarationError(f"{path!r}: families {unknown} unknown; distributed families are {sorted(_families())}")

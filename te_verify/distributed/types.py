@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
@@ -52,6 +52,9 @@ class Wrapped:
     # what the tensor carries (nothing for padding); None here: storage and content matching name it
     # (distributed.rank.carried).
     buffer_layout: Callable[[torch.Tensor], list[Owned] | None] | None = None
+    # The wrapper's documented context for a microbatch whose gradients must not be reduced yet (DDP's and FSDP's
+    # no_sync, FSDP2's set_requires_gradient_sync(False)); None: it has none (CaseSpec.microbatches is refused).
+    no_sync: Callable[[], ContextManager] | None = None
 
 
 # A parameter's place, taken before wrapping: (qualified name, owning module, attribute). Reading the attribute

@@ -59,6 +59,29 @@ def schedule_specs(tier: str) -> list[CaseSpec]:
                    for w, opts in wrappers for m, plan in plans])
 
 
+# The wrappers whose gradient accumulation the lane drives (spec.ACCUMULATING_WRAPPERS), each with its options.
+ACCUMULATING = [("ddp", ()), ("fsdp", (("sharding", "FULL_SHARD"),)), ("fsdp2", (("reshard_after_forward", True),)),
+                ("fairscale_fsdp", (("flatten_parameters", True), ("reshard_after_forward", True)))]
+
+
+def accumulation_specs(tier: str) -> list[CaseSpec]:
+    """Gradient accumulation (CaseSpec.microbatches) under each wrapper's no-sync context: every forward first over 2
+    microbatches of each rank's shard, the frozen middle layer, the input needing a gradient (pr); nightly both
+    orders over 2 and 4 microbatches, the alternating mask, and DDP with find_unused_parameters, FSDP's SHARD_GRAD_OP
+    and FSDP2 without resharding after forward."""
+    check_tier(tier)
+    first = [_spec("dist_accumulation", w, MIDDLE, True, opts).replace(microbatches=2, accumulation="forwards_first")
+             for w, opts in ACCUMULATING]
+    if tier != "nightly":
+        return first if tier == "pr" else []
+    wrappers = ACCUMULATING + [("ddp", (("find_unused_parameters", True),)), ("fsdp", (("sharding", "SHARD_GRAD_OP"),)),
+                               ("fsdp2", (("reshard_after_forward", False),))]
+    specs = [_spec("dist_accumulation", w, m, True, opts).replace(microbatches=n, accumulation=order)
+             for w, opts in wrappers for m in (MIDDLE, named_masks(4)["alternating"]) for n in (2, 4)
+             for order in ("interleaved", "forwards_first")]
+    return dedupe(first + specs)
+
+
 def ddp_specs(tier: str) -> list[CaseSpec]:
     check_tier(tier)
     specs = _pattern_grid("dist_ddp", "ddp", tier)
@@ -182,6 +205,7 @@ FAMILIES = {
     "dist_thunder_ddp": thunder_ddp_specs,
     "dist_thunder_fsdp": thunder_fsdp_specs,
     "dist_lora": dist_lora_specs,
+    "dist_accumulation": accumulation_specs,
 }
 
 

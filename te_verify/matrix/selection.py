@@ -1,7 +1,7 @@
 """The pr tier chosen, not cut: per family and backend, the cheapest cases that cover every pair of factor values.
 
 A case's factors are what its spec varies (frozen-pattern class, dtype, input grad, replays, warm-up, freeze timing,
-freeze schedule, input rank, activation recompute, depth, model kind, LoRA targets, frozen stages, TE recipe and module options, distributed options);
+freeze schedule, microbatches and their order, input rank, activation recompute, depth, model kind, LoRA targets, frozen stages, TE recipe and module options, distributed options);
 widths and seeds are not factors. Within one family x backend, every pair of values of two factors that some
 candidate has (and every value, where only one factor varies) must be covered by a chosen case. The choice is
 greedy weighted set cover (Chvatal's heuristic: most newly covered pairs per second first), costs from the measured
@@ -53,6 +53,8 @@ def factors(spec: CaseSpec) -> dict[str, str]:
     if spec.schedule:  # a factor only where set, so existing cases' factors stay
         values["schedule"] = "+".join(f"{k}.{change}" for k, change in spec.schedule)
     values["autocast"] = spec.autocast or "none"
+    if spec.microbatches > 1:  # factors only where set, so existing cases' factors stay
+        values.update(microbatches=str(spec.microbatches), accumulation=spec.accumulation)
     if spec.model is None:
         values.update(depth=str(len(spec.widths) - 1), frozen=mask_class(spec.weight_frozen),
                       bias=mask_class(spec.bias_frozen), square=str(len(set(spec.widths)) == 1))

@@ -110,6 +110,26 @@ def schedule_specs(tier: str) -> list[CaseSpec]:
     return dedupe(specs)
 
 
+def accumulation_specs(tier: str) -> list[CaseSpec]:
+    """Gradient accumulation (CaseSpec.microbatches): every forward first over 2 microbatches on the alternating mask
+    with the input needing a gradient (pr); nightly both orders over 2 and 3 microbatches, more masks, split weight
+    and bias masks, no bias, 3-D, bf16 and freezing after prepare."""
+    check_tier(tier)
+    masks = named_masks(4)
+    alt = masks["alternating"]
+    pr = [CaseSpec("accumulation", SQUARE4, alt, alt, True, microbatches=2, accumulation="forwards_first")]
+    if tier != "nightly":
+        return pr if tier == "pr" else []
+    orders = [(n, order) for n in (2, 3) for order in ("interleaved", "forwards_first")]
+    specs = [CaseSpec("accumulation", SQUARE4, masks[p], masks[p], x, microbatches=n, accumulation=order)
+             for p in ("alternating", "prefix", "none") for x in (False, True) for n, order in orders]
+    specs += [CaseSpec("accumulation", NON_SQUARE4, alt, bias, True, (4, 6), dtype, freeze_timing=timing,
+                       microbatches=2, accumulation=order)
+              for bias in (tuple(not b for b in alt), None) for dtype in ("fp32", "bf16")
+              for timing in ("before", "after") for order in ("interleaved", "forwards_first")]
+    return dedupe(pr + specs)
+
+
 FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
     "freeze": freeze_specs,
     "shapes": shapes_specs,
@@ -118,6 +138,7 @@ FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
     "replay": replay_specs,
     "timing": timing_specs,
     "schedule": schedule_specs,
+    "accumulation": accumulation_specs,
 }
 
 

@@ -1,6 +1,6 @@
-"""Drive a TE-lane spec over `spec.te.microbatches` microbatches (forward, backward, backward_dw when
-delayed; interleaved, or every forward first: te.accumulation) on any backend, and observe what the weight-gradient
-contract is about: param.grad after each microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
+"""Drive a spec over its microbatches (a TE-lane spec's te.microbatches, else CaseSpec.microbatches: forward,
+backward, backward_dw when delayed; interleaved, or every forward first: `accumulation`) on any backend, and observe
+what the weight-gradient contract is about: param.grad after each microbatch, main_grad at the end (and whether a delayed backward() touched it), grad_added_to_main_grad, and
 how often autograd accumulated into .grad.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from te_verify.models import CaseInputs, make_inputs
 from te_verify.run.process_state import watched
 from te_verify.record import Record
 from te_verify.run.runner import (Trainer, bind_probes, build_prepared, host_copies, input_states, iteration_batches,
-                              model_state, requires_grad_of, run_case, snapshot_grads, watching)
+                              model_state, requires_grad_of, run_case, set_phase, snapshot_grads, watching)
 from te_verify.spec import CaseSpec
 
 
@@ -54,6 +54,17 @@ def _main_grads(weights: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tenso
     return {n: p.main_grad.detach().clone() for n, p in weights.items() if hasattr(p, "main_grad")}
 
 
+def accumulation(spec: CaseSpec) -> tuple[int, str]:
+    """(microbatches, order) of a case: the TE lane's te.microbatches/te.accumulation, else CaseSpec's."""
+    if spec.te is not None:
+        return spec.te.microbatches, spec.te.accumulation
+    return spec.microbatches, spec.accumulation
+
+
+def delays_wgrad(spec: CaseSpec) -> bool:
+    return spec.te is not None and spec.te.delay_wgrad
+
+
 def takes_first_microbatch(fn) -> bool:
     """Whether the backend's callable takes TE's is_first_microbatch (a TE stack does; eager's model does not)."""
     forward = getattr(fn, "forward", fn)
@@ -72,21 +83,24 @@ class MicrobatchTrainer:
     def __init__(self, spec: CaseSpec, fn, model: torch.nn.Module, record: Record, dtype: torch.dtype | None,
                  follow: Record | None, watchers: list = ()) -> None:
         self.spec, self.fn, self.model, self.record = spec, fn, model, record
-        batches = [_cast(make_inputs(spec.replace(seed=spec.seed + 1000 * k)), dtype) for k in range(spec.te.microbatches)]
+        self.count, self.order = accumulation(spec)
+        batches = [_cast(make_inputs(spec.replace(seed=spec.seed + 1000 * k)), dtype) for k in range(self.count)]
         # Each iteration its own copies of the microbatches (runner.iteration_batches); the first are the caller's.
         self.per_iteration = list(zip(*(iteration_batches(b, spec.iterations) for b in batches)))
         self.first_flag = takes_first_microbatch(fn)
-        record.observations["is_first_microbatch"] = self.first_flag and spec.te.microbatches > 1
+        record.observations["is_first_microbatch"] = self.first_flag and self.count > 1
         self.trainer = Trainer(fn, model, spec, record, follow, watchers=watchers)
+        # Probes told every pass (forward; backward, microbatch) outside the TE lane (_train_microbatches).
+        self.labels: list = []
 
     def iteration(self, k: int, watch: "ContractWatch | None" = None) -> None:
         """Iteration k: every microbatch's forward, backward and backward_dw, each backward right after its forward
-        or (te.accumulation "forwards_first") every forward first, the backwards then in the same order; `watch`
+        or (accumulation "forwards_first") every forward first, the backwards then in the same order; `watch`
         observes the first iteration."""
         if k > 1:
             self.trainer.follow_reference(k)
         batches = list(enumerate(self.per_iteration[k - 1]))
-        if self.spec.te.accumulation == "forwards_first":  # several forwards' graphs alive at once
+        if self.order == "forwards_first":  # several forwards' graphs alive at once
             outs = [self._forward(k, m, inputs) for m, inputs in batches]
             for (m, inputs), out in zip(batches, outs):
                 self._backward(m, inputs, out, watch)
@@ -96,7 +110,9 @@ class MicrobatchTrainer:
 
     def _forward(self, k: int, m: int, inputs: CaseInputs) -> torch.Tensor:
         self.trainer.hear("forward")
+        set_phase(self.labels, "forward", m + 1)  # the microbatch: its forward is judged with its backward
         out = self.fn(inputs.x, is_first_microbatch=m == 0) if self.first_flag else self.fn(inputs.x)
+        set_phase(self.labels, "idle")
         self.record.add_output(out, f"iteration {k}, microbatch {m + 1}" if self.spec.iterations > 1
                                else f"microbatch {m + 1}", k, host=k > 1)
         return out
@@ -105,10 +121,12 @@ class MicrobatchTrainer:
         if watch is not None:
             watch.before_backward()
         self.trainer.hear("backward", m + 1)
+        set_phase(self.labels, "backward", m + 1)
         out.backward(inputs.grad_output)
+        set_phase(self.labels, "idle")
         if watch is not None:
             watch.after_backward(m)
-        if hasattr(self.fn, "backward_dw") and self.spec.te.delay_wgrad:
+        if hasattr(self.fn, "backward_dw") and delays_wgrad(self.spec):
             self.fn.backward_dw()
         if watch is not None:
             watch.after_microbatch(inputs)
@@ -143,7 +161,7 @@ class ContractWatch:
         self.before: dict[str, torch.Tensor] = {}
 
     def before_backward(self) -> None:
-        self.before = _main_grads(self.weights) if self.spec.te.delay_wgrad else {}
+        self.before = _main_grads(self.weights) if delays_wgrad(self.spec) else {}
 
     def after_backward(self, m: int) -> None:
         for n, main_grad in self.before.items():
@@ -207,15 +225,18 @@ def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Reco
     trainer = MicrobatchTrainer(spec, fn, model, record, dtype, follow, watchers)
     record.inputs_before.update(trainer.inputs_states())
     watch = ContractWatch(spec, model, record)
-    labels = _PassCounter(probes)
-    watch.after_microbatch = _chain(watch.after_microbatch, labels)
+    if spec.te is None:  # aten's GEMM probe tells fprop from dgrad/wgrad by phase, and layers by the model's weights
+        trainer.labels, first = bind_probes(probes, model), ("idle", 0)
+    else:  # the TE lane's GEMMs come from the tex log: one backward phase per microbatch labels them
+        watch.after_microbatch, first = _chain(watch.after_microbatch, _PassCounter(probes)), ("backward", 1)
     for probe in probes:
         probe.__enter__()
-        probe.phase("backward", 1)
+        probe.phase(*first)
     try:
         trainer.iteration(1, watch)
     except Exception as exc:
         record.error, record.error_pass = exc, len(record.grads) + 1
+    trainer.labels = []
     for probe in probes:
         probe.__exit__(None, None, None)
         record.observations.update(probe.observations())
@@ -244,7 +265,7 @@ def _later_iterations(trainer: MicrobatchTrainer, record: Record) -> None:
             trainer.iteration(k)
             trainer.step(k)
     except Exception as exc:
-        record.error, record.error_pass, record.error_iteration = exc, trainer.spec.te.microbatches, k
+        record.error, record.error_pass, record.error_iteration = exc, trainer.count, k
 
 
 def _cast(inputs: CaseInputs, dtype: torch.dtype | None) -> CaseInputs:

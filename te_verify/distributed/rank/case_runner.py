@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify.checks.collectives import Collective
+from te_verify.distributed.rank.accumulate import accumulate
 from te_verify.distributed.rank.carried import Attribution, ContentIndex, held_tensors
 from te_verify.distributed.rank.training import microbatches
 from te_verify.training import StateBytes
@@ -224,6 +225,9 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
             probing.enter_context(probe)
         if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.rank.training)
             out = _engine_forward_backward(spec, wrapped, x, cotangent, counter, timeline, probes, observe)
+        elif spec.microbatches > 1:  # a wrapper's gradient accumulation (distributed.rank.accumulate)
+            out = accumulate(spec, wrapped, x, cotangent, lambda name, k: _set_phases(counter, probes, name, k),
+                             timeline, observe)
         else:
             out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
         counter.phase = "step"  # whatever runs after backward returns (an engine's optimizer step: _train_steps)

@@ -20,6 +20,9 @@ from te_verify.spec import CaseSpec
 
 
 def microbatches(spec: CaseSpec) -> int:
+    """A rank's microbatches per iteration: a wrapper's CaseSpec.microbatches, an engine's dist option."""
+    if spec.microbatches > 1:
+        return spec.microbatches
     return int(dict(spec.dist.options).get("microbatches", 1)) if spec.dist is not None else 1
 
 

@@ -22,7 +22,7 @@ def wrap_ddp(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     ddp = DDP(model, **opts)
     ddp.register_comm_hook(None, averaging_allreduce_hook)
     return Wrapped(ddp, layers, lambda: param_tensors(slots, grad_of), lambda: param_tensors(slots, value_of),
-                   lambda: [0] * len(layers), dist.get_world_size())
+                   lambda: [0] * len(layers), dist.get_world_size(), no_sync=ddp.no_sync)
 
 
 def averaging_allreduce_hook(state, bucket):

@@ -92,7 +92,7 @@ def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
 
     # After backward every unit holds its shard in p.data (the full parameter is freed).
     return Wrapped(root, layers, lambda: full_tensors(lambda p: p.grad), lambda: full_tensors(lambda p: p.data),
-                   gathered, dist.get_world_size(), keep=units)
+                   gathered, dist.get_world_size(), keep=units, no_sync=root.no_sync)
 
 
 def wrap_fairscale(model: nn.Sequential, spec: CaseSpec) -> Wrapped:

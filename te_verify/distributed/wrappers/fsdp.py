@@ -37,4 +37,4 @@ def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
         return [storage_bytes(getattr(u._handle.flat_param, "_full_param_padded", None)) if u._handle else 0
                 for u in units]
 
-    return Wrapped(fsdp, layers, full_grads, full_params, gathered, dist.get_world_size())
+    return Wrapped(fsdp, layers, full_grads, full_params, gathered, dist.get_world_size(), no_sync=fsdp.no_sync)

@@ -1,6 +1,9 @@
 """FSDP2 (fully_shard): one unit per layer or block on a mesh of the rank's device type."""
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,4 +40,16 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
         return sizes
 
     return Wrapped(model, layers, lambda: param_tensors(slots, lambda p: full(p.grad)),
-                   lambda: param_tensors(slots, full), gathered, dist.get_world_size(), keep=[mesh])
+                   lambda: param_tensors(slots, full), gathered, dist.get_world_size(), keep=[mesh],
+                   no_sync=lambda: without_gradient_sync(model))
+
+
+@contextlib.contextmanager
+def without_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's documented accumulation switch as a context: set_requires_gradient_sync(False) on the root (it
+    recurses into every unit), True again on leaving."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
