@@ -10,10 +10,11 @@ proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS cal
 How roles and layers are attributed (see dispatch.py for how layers are learnt: `bind` hands it the model's
 linear weights, so views of their storage attribute whatever the backend calls them):
 - forward phase: every GEMM is "fprop"; its layer is the one whose weight (by storage) is an operand.
-- backward: an operand that is a layer's weight (same storage, any view) => that layer's "dgrad" where the GEMM
-  contracts over the weight's out-features, its "fprop" where over its in-features (a recompute of a checkpointed
-  layer's forward runs in backward: a role is what the GEMM computes, not when), read from the operand's strides
-  as a view of the (row-major) weight (`contracts_in`); else a
+- backward: an operand that is a layer's weight (same storage, any view; with copies followed, any view of a copy
+  of it) => that layer's "dgrad" where the GEMM contracts over the weight's out-features, its "fprop" where over its
+  in-features (a recompute of a checkpointed layer's forward runs in backward: a role is what the GEMM computes, not
+  when), read from the operand's strides against where the weight's axes lie in its storage (probes.weight_axes:
+  the Parameter's, or a copy's as worked out when it was made); else a
   "wgrad", of the layer whose forward input (same view: storage, offset and size) is an operand and whose dgrad
   consumed the same output gradient; where these two data-flow signals disagree (a compiler reused a buffer),
   the layer is None and the check judges that pass by role and FLOPs, saying so.
