@@ -36,9 +36,9 @@ def test_a_gradient_one_percent_off_fails_naming_it(case_id):
 
 def test_correct_implementations_written_differently_pass_the_torch_lane(tmp_path):
     """Matmul-then-bias passes every case. fp64 inside (every F.linear, the library models' own included) passes every
-    value check (its gradients, outputs and
-    parameters are closer to the truth than eager's, and lean less); its fp64 working copies of each layer's operands
-    are memory the case does not need, which waste_peak names and nothing else does."""
+    value check (its gradients, outputs and parameters are closer to the truth than eager's, and lean less); its fp64
+    working copies of each layer's operands are memory the case does not need, which waste_peak names and nothing else
+    does."""
     run_pytest("cases", "--tier", PROOF_TIER, "--backend", "planted_accumulation:OtherAccumulation",
                "--backend", "planted_accumulation:Fp64Inside", "-n", PROOF_WORKERS, "--report-dir", str(tmp_path))
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
