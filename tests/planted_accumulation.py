@@ -2,12 +2,15 @@
 a separate bias add (the same math, another accumulation order: the bias joins after the product is rounded, and
 matmul takes another kernel path for 3-D inputs), as a cuBLAS or TE GEMM on a GPU differs from eager's. It must pass
 every case (tests/test_tolerances.py); `--backend planted_accumulation:OtherAccumulation`. `Fp64Inside`: every
-torch.nn.Linear's GEMMs computed in fp64 and cast back, saving what eager saves; it must pass every case too."""
+torch.nn.Linear's GEMMs, and every other `F.linear` the model calls (the library models' own: LitGPT's fused-qkv LoRA A),
+computed in fp64 and cast back, saving what eager saves; it must pass every case too."""
 from __future__ import annotations
 
 import types
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 
 def _matmul_then_bias(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -61,9 +64,39 @@ class OtherAccumulation:
         return model
 
 
+class _Fp64LinearMode(TorchFunctionMode):
+    """Every F.linear called inside it as _Fp64Linear."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.linear:
+            return func(*args, **kwargs)
+        call = dict(zip(("input", "weight", "bias"), args), **kwargs)
+        x = call["input"]
+        out_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        return _Fp64Linear.apply(x, call["weight"], call.get("bias"), out_dtype)
+
+
+class _InFp64Mode(torch.nn.Module):
+    """The model, its forward run inside _Fp64LinearMode (entered and left per call: nothing leaks)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        with _Fp64LinearMode():
+            return self.model(*args, **kwargs)
+
+
 class Fp64Inside(OtherAccumulation):
-    """Every torch.nn.Linear's fprop, dgrad and wgrad computed in fp64 and cast back: a correct implementation more
-    accurate than eager; `--backend planted_accumulation:Fp64Inside`."""
+    """Every torch.nn.Linear's fprop, dgrad and wgrad, and every other F.linear the model calls, computed in fp64 and
+    cast back: a correct implementation more accurate than eager; `--backend planted_accumulation:Fp64Inside`. The
+    Linears' forwards are replaced (a checkpointed block's recompute in backward runs them too); library code's own
+    F.linear calls go through a torch-function mode entered around each forward."""
 
     name = "fp64_inside"
     linear_forward = staticmethod(_in_fp64)
+
+    def prepare(self, model: torch.nn.Module, spec) -> torch.nn.Module:
+        return _InFp64Mode(super().prepare(model, spec))

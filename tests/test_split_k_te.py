@@ -83,11 +83,10 @@ def test_fp8_gemms_run_on_dequantized_copies_fail_on_operand_bytes_alone():
 
 
 def _te_lane(folder, te_impl: str) -> dict[str, dict]:
-    # Not te_autocast's cases: the split-K GEMMs over slices of autocast's bf16 weight copies are not attributed to
-    # their layers at the tex boundary (gemm_work: "GEMM(s) not attributable to a layer"): attribution through slices
-    # of copies is issue 36's open item, not a fault of the build.
+    # te_autocast's cases included: a slice of autocast's bf16 weight copy leads back to the weight (a copy's views
+    # are rooted by its storage: probes.dispatch root_view).
     proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "te_eager", "--te-impl", te_impl, "-n", PROOF_WORKERS,
-                      "--report-dir", str(folder), "-k", "not test_te_autocast")
+                      "--report-dir", str(folder))
     assert proc.returncode == 0, proc.stdout[-3000:]
     return {r["nodeid"]: r for r in json.loads((folder / "results.json").read_text())["rows"]}
 

@@ -44,6 +44,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from te_verify.probes import weight_axes
 from te_verify.probes.conv_gemms import CONV_OPS, conv_gemms
 from te_verify.te.tecpu.record import byte_span
 
@@ -268,7 +269,11 @@ class Watcher(TorchDispatchMode):
         self.peak_bytes = 0
         self.window_peak_bytes = 0  # peak since the last reset_window()
         self.follow_copies = False
-        self._derived: dict[tuple, tuple] = {}  # a copy's view key -> the view it was made from
+        # A copy's storage -> the view it was made from (root_view: any view of the copy, a slice or a broadcast
+        # as matmul makes for bmm, leads there).
+        self._derived: dict[StorageKey, tuple] = {}
+        # Storage key -> where a layer's weight's axes lie in it (probes.weight_axes): the weights', their copies'.
+        self._axes: dict[StorageKey, weight_axes.Axes] = {}
         # data_ptr -> (generation, weakref) of the last GEMM operand storage at that address that no dispatched op
         # allocated (the model input; inductor's buffers): each new storage object seen there is a new generation
         self._seen: dict[int, tuple[int, weakref.ref]] = {}
@@ -288,18 +293,29 @@ class Watcher(TorchDispatchMode):
         return (self.key(t), t.storage_offset(), t.numel())
 
     def root_view(self, t: torch.Tensor) -> tuple:
-        """The view a tensor was copied from, through every copy followed (itself when none was)."""
-        view, seen = self.view_key(t), set()
-        while view in self._derived and view not in seen:
-            seen.add(view)
-            view = self._derived[view]
-        return view
+        """The view a tensor was copied from, through every copy followed (itself when none was). Keyed by the
+        copy's storage, not its view: a slice or broadcast of a copy (split-K's halves, matmul's expand for bmm) is
+        still a view of what it copies."""
+        view = self.view_key(t)
+        return self._derived.get(view[0], view)
 
     def _note_copy(self, out: torch.Tensor, args: tuple) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor) and is_real(a)]
         sources = [a for a in tensors if a.numel() == out.numel()]
         if len(sources) == 1 and all(a.numel() <= 1 for a in tensors if a is not sources[0]):
-            self._derived[self.view_key(out)] = self.root_view(sources[0])
+            key = self.key(out)
+            self._derived[key] = self.root_view(sources[0])
+            source_axes = self._axes.get(self.key(sources[0]))
+            axes = weight_axes.copy_axes(sources[0], source_axes, out) if source_axes else None
+            if axes is not None:
+                self._axes[key] = axes
+
+    def axes_of(self, t: torch.Tensor) -> weight_axes.Axes | None:
+        """Where a weight's axes lie in `t`'s storage (probes.weight_axes): a weight's or a followed copy's; row-major
+        for a weight storage not bound (a wrapper's unsharded copy); None for a copy whose layout was lost."""
+        key = self.key(t)
+        axes = self._axes.get(key)
+        return axes if axes is not None or key in self._derived else (1, 0)  # row-major: in-features at unit stride
 
     def key_of_storage(self, storage: torch.UntypedStorage) -> StorageKey:
         """The serial (an int) of a storage made during the run, else ("pre", data_ptr[, generation]): a storage
@@ -423,6 +439,8 @@ class Watcher(TorchDispatchMode):
         for k, weight in enumerate(weights):
             ptr = _data_ptr(weight)
             self._weight_ptrs.add(ptr)
+            if (axes := weight_axes.weight_axes(weight)) is not None:
+                self._axes[("pre", ptr)] = axes
             layer = self.layers.add_layer(("pre", ptr), tuple(shapes[k] if shapes else weight.shape), None)
             self.layers.alias_weight(layer, ("pre", ptr), weight)
         self._bound = bool(weights)

@@ -10,10 +10,11 @@ proxy tracing. GEMMs that do not run as aten ops (fused kernels, TE's cuBLAS cal
 How roles and layers are attributed (see dispatch.py for how layers are learnt: `bind` hands it the model's
 linear weights, so views of their storage attribute whatever the backend calls them):
 - forward phase: every GEMM is "fprop"; its layer is the one whose weight (by storage) is an operand.
-- backward: an operand that is a layer's weight (same storage, any view) => that layer's "dgrad" where the GEMM
-  contracts over the weight's out-features, its "fprop" where over its in-features (a recompute of a checkpointed
-  layer's forward runs in backward: a role is what the GEMM computes, not when), read from the operand's strides
-  as a view of the (row-major) weight (`contracts_in`); else a
+- backward: an operand that is a layer's weight (same storage, any view; with copies followed, any view of a copy
+  of it) => that layer's "dgrad" where the GEMM contracts over the weight's out-features, its "fprop" where over its
+  in-features (a recompute of a checkpointed layer's forward runs in backward: a role is what the GEMM computes, not
+  when), read from the operand's strides against where the weight's axes lie in its storage (probes.weight_axes:
+  the Parameter's, or a copy's as worked out when it was made); else a
   "wgrad", of the layer whose forward input (same view: storage, offset and size) is an operand and whose dgrad
   consumed the same output gradient; where these two data-flow signals disagree (a compiler reused a buffer),
   the layer is None and the check judges that pass by role and FLOPs, saying so.
@@ -35,6 +36,7 @@ import torch
 from te_verify.oracle.sites import linear_weights
 from te_verify.probes import dispatch
 from te_verify.probes.dispatch import LayerMap, Watcher
+from te_verify.probes.weight_axes import contracts_in
 
 
 @dataclass(frozen=True)
@@ -81,22 +83,6 @@ class RawGemm:
     contracts_in: bool | None = None
 
 
-def contracts_in(t: torch.Tensor, position: int, weight_shape: tuple[int, ...], as_is: bool) -> bool:
-    """Whether GEMM operand `t` (position 0: (..., m, k), 1: (..., k, n)), a view of a layer's row-major weight of
-    `weight_shape` (out, in), is contracted over the weight's in-features: its contracted dimension has unit stride
-    (slices included: a split-K GEMM's half of the weight keeps its strides). Where strides cannot tell (a dimension
-    of 1) the sizes do. A copy (an FP8 cast) has the copy's layout: read as a dgrad, as before recompute was known."""
-    if not as_is:
-        return False
-    out_features, in_features = weight_shape[0], weight_shape[-1]
-    if min(out_features, in_features) == 1:  # a rank-1 adapter's weight: strides cannot tell, read as a dgrad
-        return False
-    dim = -1 if position == 0 or t.dim() == 1 else -2
-    if t.shape[dim] > 1 and in_features > 1:
-        return t.stride(dim) == 1
-    return t.shape[dim] == in_features != out_features
-
-
 def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands: tuple, out: torch.Tensor,
               flops: int) -> RawGemm:
     weight_layer, contracted_in = None, None
@@ -108,8 +94,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
         if layer is not None:
             weight_views.append(root)
             if weight_layer is None:
-                contracted_in = contracts_in(t, position, watcher.layers.weight_shapes[layer],
-                                             root == watcher.view_key(t))
+                contracted_in = contracts_in(t, position, watcher.layers.weight_shapes[layer], watcher.axes_of(t))
         weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         as_is = root == watcher.view_key(t)

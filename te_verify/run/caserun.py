@@ -70,8 +70,10 @@ class CaseRun:
         if ref.error is not None and ref.error_pass == 0:  # the harness could not build or prepare the case
             raise RuntimeError(f"{self.spec.id}: the eager reference raised before the measured forward: "
                                f"{type(ref.error).__name__}: {ref.error}") from ref.error
-        # Copies are followed where GEMMs read casts of the weights and inputs (model families, autocast).
-        got = self.run(probes=default_probes(self.backend_name, family or bool(self.spec.autocast)), follow=ref)
+        # Copies are followed where GEMMs read casts of the weights and inputs (model families, autocast), and where
+        # backward recomputes forwards: a recomputed fprop over a weight's copy is told from a dgrad by the copy's axes.
+        follow_copies = family or bool(self.spec.autocast) or self.spec.recompute != "none"
+        got = self.run(probes=default_probes(self.backend_name, follow_copies), follow=ref)
         if getattr(self.backend, "allocates_outside_dispatch", False) and got.figures.get("peak_source") == \
                 "storage_tracker":
             got.figures["peak_blind"] = f"{self.backend_name} allocates outside the dispatcher, which the storage tracker reads"
