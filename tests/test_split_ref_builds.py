@@ -12,6 +12,9 @@ import pytest
 from proof_tier import PROOF_TIER, PROOF_WORKERS
 from test_plugin import run_pytest
 
+# Every test runs the TE lane in another process: the system tests' (scripts/system_tests.sh).
+pytestmark = pytest.mark.system
+
 REFERENCE = "te_verify.te.reference"
 BUILDS = ("split_k_ref_build", "split_n_ref_build", "transposed_ref_build")
 
