@@ -102,6 +102,6 @@ def test_a_release_outside_the_measured_range_is_a_header_warning_not_a_refusal(
     from te_verify.compat.versions import outside
 
     assert outside("deepspeed", "0.19.8") is None and outside("torch", "2.15.0+cu132") is None
-    assert outside("deepspeed", "0.18.9") == ("deepspeed 0.18.9 is outside the measured 0.19.8 to 0.19.8: runs anyway; "
+    assert outside("deepspeed", "0.18.9") == ("deepspeed 0.18.9 is outside the measured 0.19.7 to 0.19.8: runs anyway; "
                                               "docs/versions.md")
     assert outside("torch", "2.16.0") and outside("numpy", "9.0") is None  # untracked: no line

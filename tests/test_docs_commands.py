@@ -118,6 +118,12 @@ SMALLEST: dict[str, Smallest] = {
     "te_eager": Smallest(None, "installs five TE wheels from the network; the 2.14.0 2.20.2 entry runs its --help"),
     ".venv/bin/python scripts/version_axis.py deepspeed 0.19.7 0.19.8 --tier smoke": Smallest(
         ".venv/bin/python scripts/version_axis.py --help", "run, it installs a DeepSpeed release from the network"),
+    ".venv/bin/python scripts/version_axis.py deepspeed 0.19.7 0.19.8 --tier pr": Smallest(
+        ".venv/bin/python scripts/version_axis.py --help", "run, it installs a DeepSpeed release from the network"),
+    ".venv/bin/python scripts/version_axis.py megatron-core 0.16.0 0.16.1 --tier pr": Smallest(
+        ".venv/bin/python scripts/version_axis.py --help", "run, it installs a megatron-core release from the network"),
+    ".venv/bin/python scripts/version_axis.py lightning-thunder 0.2.5 0.2.6 --tier smoke": Smallest(
+        ".venv/bin/python scripts/version_axis.py --help", "run, it installs a thunder release from the network"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2 --tier pr": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
     "te-verify run --passes": Smallest(None, "the main job's flag (minutes); tests/test_capability_passes.py plans and "

@@ -14,11 +14,11 @@ from packaging.version import InvalidVersion, Version
 MEASURED: dict[str, tuple[str, str]] = {
     "torch": ("2.13.0", "2.15.0"),  # thunder's lanes: 2.13 only (thunder 0.2.6 does not import on >= 2.14)
     "transformer-engine": ("2.14.0", "2.20.2"),
-    "lightning-thunder": ("0.2.6", "0.2.6"),
-    "deepspeed": ("0.19.8", "0.19.8"),
-    "megatron-core": ("0.16.1", "0.16.1"),
-    "megatron-fsdp": ("0.6.1", "0.6.1"),
-    "fairscale": ("0.4.13", "0.4.13"),
+    "lightning-thunder": ("0.2.5", "0.2.6"),  # thunder_te: 0.2.6 (0.2.5 lacks TransformerEngineTransform)
+    "deepspeed": ("0.19.7", "0.19.8"),
+    "megatron-core": ("0.16.0", "0.16.1"),
+    "megatron-fsdp": ("0.6.0", "0.6.1"),
+    "fairscale": ("0.4.12", "0.4.13"),
 }
 
 
