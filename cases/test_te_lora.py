@@ -7,6 +7,7 @@ runs no wgrad GEMM (checks.te_family).
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.te_compile import te_compile_verdicts
+from te_verify.checks.iterations import each_iteration
 from te_verify.checks.te_family import te_family_waste
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.tolerances import derived_tolerance, tolerance_for, truth_bound
@@ -43,5 +44,5 @@ def test_te_lora(case):
         verdicts += fp8_value_verdicts(case, got, quantized, runner)
     else:  # every element leaning the same way, below the derived tolerance (checks.systematic)
         verdicts.append(grad_scale(spec.id, case.backend_name, ref, got, truth_bound(spec, truth)))
-    case.require([*verdicts, *te_family_waste(spec.id, case.backend_name, spec, got), *scaling_verdicts(case, got),
-                  *te_compile_verdicts(case, got)])
+    waste = each_iteration(spec, (got,), lambda at, runs: te_family_waste(spec.id, case.backend_name, at, *runs))
+    case.require([*verdicts, *waste, *scaling_verdicts(case, got), *te_compile_verdicts(case, got)])

@@ -1,6 +1,7 @@
 """What one run of a case on one backend leaves behind: outputs, gradients per backward pass, figures."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,9 @@ class Record:
     figures: dict[str, Any] = field(default_factory=dict)
     # Raw probe observations that checks read (e.g. GEMM events); not written to the report.
     observations: dict[str, Any] = field(default_factory=dict)
+    # Each later iteration's probe figures and observations, by iteration (2, 3, ...): the waste checks judge every
+    # iteration as they judge the first (checks.iterations); only iterations that completed, only in a probed run.
+    later: dict[int, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     # What the run left changed in the process state, one message per setting ("left grad mode disabled"), each
     # restored before anything else ran (te_verify.run.process_state.watched); None where the run was not watched.
     process_left: list[str] | None = None
@@ -101,6 +105,13 @@ class Record:
         self.output_labels.append(label)
         self.output_iterations.append(iteration)
         return kept
+
+    def at_iteration(self, k: int) -> "Record":
+        """This record as the waste checks see iteration k >= 2: that iteration's probe figures (over the run's own
+        figures) and observations, no error (only completed iterations are kept)."""
+        figures, observations = self.later[k]
+        return dataclasses.replace(self, figures={**self.figures, **figures}, observations=dict(observations),
+                                   error=None, error_pass=None, error_iteration=1, later={})
 
     def output_label(self, k: int) -> str:
         """The label of output k (0-based): "forward output (iteration 2)"."""

@@ -64,8 +64,11 @@ def test_gradient_in_another_dtype_fails_grad_meta_only():
 
 def test_parameter_left_with_another_requires_grad_fails_requires_grad_left():
     failed = torch_lane(UnfreezesAfterForward())
-    # the next iteration then makes a gradient the first did not: grad_presence names it
-    assert set(failed) == {"requires_grad_left", "grad_presence"}, failed
+    # the next iteration then makes a gradient the first did not: grad_presence names it, and waste_flops the wgrad
+    # GEMM computing it (the waste checks judge every iteration)
+    assert set(failed) == {"requires_grad_left", "grad_presence", "waste_flops"}, failed
+    assert failed["waste_flops"].startswith("iteration 2: ")
+    assert "layer 0 (frozen weight): 1 wgrad GEMM, 0 required" in failed["waste_flops"]
     assert failed["requires_grad_left"].endswith("parameter 0.weight: requires_grad True after the run, expected False")
     assert "0.weight: has a gradient after iteration 2, expected None" in failed["grad_presence"]
 

@@ -34,6 +34,7 @@ def test_base_input_saved_twice_is_named_by_site() -> None:
     message = _failure(PlantedLoRA("save_twice"))
     # The shared input of q, k and v: eager's one storage, plus a copy by each planted base (q's and v's).
     assert "saved their input 3 time(s)" in message and "blocks.0.attn.q.base" in message
+    assert "B allowed (" in message  # weighed: three copies' bytes against one copy's
 
 
 def test_eager_passes_and_meets_the_required_gemms_exactly() -> None:

@@ -1,12 +1,16 @@
 """Freeze schedules in the distributed lane: a data-parallel wrapper that reduces only the parameters trainable when
 it wrapped (DDP's static buckets) leaves a parameter unfrozen later rank-local, and dist_schedule_parity fails naming
-it and the iteration (and gradient_volume the bytes it did not reduce); its clean twin, which hooks every parameter that needs a gradient at each call, passes."""
+it and the iteration (and gradient_volume the bytes it did not reduce); its clean twin, which hooks every parameter that needs a gradient at each call, passes.
+Also waste from the second iteration on (issue 36, item 1), in this module for its rank pool: a wrapper that from its
+second call all-reduces the frozen parameters too fails frozen_collectives naming iteration 2; its twin passes."""
 from __future__ import annotations
 
 import pytest
 
+from planted_iterations import dp_switching_correctly_after_first_call, dp_syncing_frozen_after_first_call
 from planted_wrappers import dp_hooking_every_trainable, dp_hooking_trainable_at_wrap
 from te_verify.distributed.pool.pool import RankPool
+from te_verify.checks.verdict import Verdict
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix.dist import _spec
 from te_verify.matrix.tiers import named_masks
@@ -46,3 +50,24 @@ def test_clean_twin_hooking_every_trainable_parameter_at_each_call_passes(pool):
     assert not failed, failed
     assert verdicts["dist_schedule_parity"].figures == {"schedule_iterations_compared": 2,
                                                           "schedule_grads_compared": 2 * 2 * 8}
+
+
+def _dist_verdicts(pool, wrap) -> dict[str, Verdict]:
+    return {v.check: v for v in verify_dist(_spec("dist_iterations", "ddp", PREFIX), pool, {}, wrap=wrap)}
+
+
+def test_wrapper_syncing_frozen_parameters_from_iteration_2_fails_frozen_collectives_naming_it(pool):
+    verdicts = _dist_verdicts(pool, dp_syncing_frozen_after_first_call)
+    failed = {name: v.message for name, v in verdicts.items() if not v.ok}
+    assert set(failed) == {"frozen_collectives"}, failed
+    message = failed["frozen_collectives"]
+    assert message.startswith("iteration 2: "), message
+    assert "all_reduce in backward_end carried the values of frozen 0.weight (4,096 B)" in message
+    assert "iteration 1" not in message
+
+
+def test_clean_twin_wrapper_switching_its_reduction_after_the_first_call_passes(pool):
+    verdicts = _dist_verdicts(pool, dp_switching_correctly_after_first_call)
+    failed = {name: v.message for name, v in verdicts.items() if not v.ok}
+    assert not failed, failed
+    assert verdicts["frozen_collectives"].figures["frozen_collectives_iterations"] == 4

@@ -4,9 +4,9 @@
   a surplus names the site. Batched GEMMs that touch no site (attention's q@k^T and p@v, where a backend
   decomposes scaled-dot-product attention; eager runs it as one fused kernel) are outside the rule: counted and
   reported per pass, not judged.
-- Saved for backward, per value a site reads: a value some site's wgrad needs is kept once (the value or one
-  copy of it; a second storage of it is a surplus naming its sites); beyond that, only as many storages as eager
-  keeps (attention saves its output, which is o's input, and LitGPT's o reads a layout copy of it: the report
+- Saved for backward, per value a site reads, by bytes: a value some site's wgrad needs is kept once (the value or
+  one copy of it, whole or in parts that add up to it, as a batch run in two halves saves it; a second copy's bytes are
+  a surplus naming its sites); beyond that, only as many bytes as eager keeps (attention saves its output, which is o's input, and LitGPT's o reads a layout copy of it: the report
   says so per site). Everything else saved (norms, activations, attention internals) is recorded beside eager's bytes,
   not judged: no structural rule exists for it, and backends trade saving for recomputing there (measured on
   LoRA-on-every-projection blocks: torch.compile saves about 20% less than eager, thunder 0.2.6 about 7% more).
@@ -17,8 +17,11 @@
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
+
+import torch
 
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import flops_verdict, site_at
@@ -56,8 +59,17 @@ def _sites_reading(spec: CaseSpec, value: str) -> str:
     return ", ".join(s.label for s in sites(spec) if s.input_value == value)
 
 
+def _view_bytes(item: Any) -> int:
+    """Bytes of a saved site value as the tensor saved (its shape and dtype), not of the storage under it: a compiler
+    may save a view into a buffer packing several values, whose storage is not the value's size."""
+    dtype = getattr(torch, item.dtype.removeprefix("torch."), None) if item.dtype else None
+    if not isinstance(dtype, torch.dtype):
+        return item.nbytes
+    return min(item.nbytes, math.prod(item.shape) * dtype.itemsize)
+
+
 def _saved_by_value(spec: CaseSpec, record: Record) -> tuple[Counter, Counter, int]:
-    """(storages per site value, their bytes, bytes of everything else) of a run's new saved storages."""
+    """(storages per site value, their bytes as saved, bytes of everything else) of a run's new saved storages."""
     count, nbytes, other = Counter(), Counter(), 0
     for item in record.observations.get("saved_storages", []):
         value = _value_of(spec, item)
@@ -65,7 +77,7 @@ def _saved_by_value(spec: CaseSpec, record: Record) -> tuple[Counter, Counter, i
             other += item.nbytes
         else:
             count[value] += 1
-            nbytes[value] += item.nbytes
+            nbytes[value] += _view_bytes(item)
     return count, nbytes, other
 
 
@@ -93,19 +105,23 @@ def family_saved_verdict(spec: CaseSpec, got: Record, eager: Record, backend: st
     """Saved tensors per site value against the oracle, what is not a site beside `eager`'s run (`label` names the
     run; default "<case id> [<backend>]")."""
     need = required_saved(spec)
-    required = {site_at(spec, layer).input_value for layer, _, _ in need.items}
+    required = Counter()  # bytes of each site value backward needs kept (one copy of it)
+    for layer, _, size in need.items:
+        required[site_at(spec, layer).input_value] += size
     count, nbytes, other = _saved_by_value(spec, got)
-    eager_count, _, eager_other = _saved_by_value(spec, eager)
+    eager_count, eager_bytes, eager_other = _saved_by_value(spec, eager)
     # Eager keeps a site value beyond the rule where something that is not a site saves it too: attention keeping
     # its output, which is o's input (a second storage where the model copies it into o's layout, as LitGPT does).
-    eager_extra = sorted(v for v, n in eager_count.items() if n > int(v in required))
+    eager_extra = sorted(v for v, n in eager_bytes.items() if n > required[v])
     problems = []
+    # Weighed, not counted: a value saved in parts (a batch run as two halves) adds up to one copy of it; a second
+    # copy of the same bytes is more than one.
     for value, n in sorted(count.items()):
-        allowed = max(int(value in required), eager_count[value])
-        if n > allowed:
+        allowed = max(required[value], eager_bytes[value])
+        if nbytes[value] > allowed:
             problems.append(f"sites {_sites_reading(spec, value)}: saved their input {n} time(s) "
-                            f"({nbytes[value]:,} B), {allowed} allowed ({int(value in required)} required, "
-                            f"{eager_count[value]} in eager)")
+                            f"({nbytes[value]:,} B), {allowed:,} B allowed ({required[value]:,} B required, "
+                            f"{eager_bytes[value]:,} B in {eager_count[value]} storage(s) in eager)")
     problems += _weight_copy_problems(spec, got)
     figures = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count,
                "saved_sites_bytes": sum(nbytes.values()), "saved_outside_sites_bytes": other,

@@ -93,7 +93,8 @@ def inputs_left(case_id: str, backend: str, got: Record) -> Verdict:
 
 def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None = None, allowed: int = 0) -> Verdict:
     """The second training iteration grows live memory by nothing (probes.retention) beyond `allowed`: the optimizer
-    state a freeze schedule's change before it makes for the parameters it makes trainable (models.schedule). A run
+    state a freeze schedule's change before it makes for the parameters it makes trainable (models.schedule); each
+    later one ("retained_later", "iteration 3: ...") by nothing beyond what its own change makes (`expected`). A run
     that ended before it (`ending` says how) or ran without the measurement fails as not observed: nothing was
     judged."""
     seen = got.observations.get("retained")
@@ -112,20 +113,29 @@ def memory_retained(case_id: str, backend: str, got: Record, ref: Record | None 
     if "error" in seen:
         return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a second training step after the "
                                                  f"measured one raised {seen['error']}")
+    later = {k: s for k, s in got.observations.get("retained_later", {}).items()
+             if "error" not in s and (got.error is None or got.error_iteration > k)}
     figures = {"retained_bytes": seen["bytes"], "retained_source": seen["source"],
-               "retained_compared": "the second iteration's net growth"}
+               "retained_compared": "the second iteration's net growth" + (
+                   f" and iteration {', '.join(map(str, later))}'s" if later else "")}
     if allowed:
         figures["retained_allowed_bytes"] = allowed
-    if seen["bytes"] <= allowed:
+    problems = [_retained_problem(seen, allowed)] if seen["bytes"] > allowed else []
+    problems += [f"iteration {k}: " + _retained_problem(s, s.get("expected", 0)) for k, s in later.items()
+                 if s["bytes"] > s.get("expected", 0)]
+    if not problems:
         return Verdict("memory_retained", True, figures=figures)
+    return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
+
+
+def _retained_problem(seen: dict, allowed: int) -> str:
+    """What a step that grew live memory beyond `allowed` retained, and what holds it."""
     where = (f"held by {', '.join(seen['holders'])}" if seen["holders"] else
              "held outside the model and the callable under test (a process-wide cache?)"
              if seen["source"] == "cpu_storage_tracker" else "holders not traced on the CUDA allocator")
-    return Verdict("memory_retained", False, f"[{case_id}] backend {backend}: a training step after the measured one "
-                                             f"retained {seen['bytes']:,} B beyond the gradients ({seen['source']})"
-                                             + (f" and the {allowed:,} B of optimizer state its schedule's newly "
-                                                "trainable parameters need" if allowed else "") + ", "
-                                             f"{where}", figures)
+    return (f"a training step after the measured one retained {seen['bytes']:,} B beyond the gradients "
+            f"({seen['source']})" + (f" and the {allowed:,} B of optimizer state its schedule's newly trainable "
+                                     "parameters need" if allowed else "") + f", {where}")
 
 
 def process_state(case_id: str, backend: str, ref: Record, got: Record) -> Verdict:

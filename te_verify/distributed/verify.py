@@ -255,20 +255,23 @@ def spec_at(spec: CaseSpec, iteration: int) -> CaseSpec:
 
 
 def collectives_verdict(spec: CaseSpec, ranks: dict[int, list], sharded: bool, regathers: bool) -> Verdict:
-    """frozen_collectives over every iteration's calls; under a freeze schedule, iteration by iteration against the
-    parameters frozen in it."""
-    iterations = sorted({c.iteration for calls in ranks.values() for c in calls}) if spec.schedule else [None]
+    """frozen_collectives iteration by iteration (an engine's, a wrapper's later steps: distributed.rank.case_runner),
+    each against the parameters frozen in it (a freeze schedule's), a failure naming its iteration."""
+    iterations = sorted({c.iteration for calls in ranks.values() for c in calls}) or [0]
     verdicts = []
     for k in iterations:
-        at = spec_at(spec, 1 if k is None else k + 1)
+        at = spec_at(spec, k + 1)
         params = param_infos(at)
         verdict = frozen_collectives(spec.id, spec.dist.wrapper,
-                                     {r: [c for c in calls if k is None or c.iteration == k] for r, calls in ranks.items()},
+                                     {r: [c for c in calls if c.iteration == k] for r, calls in ranks.items()},
                                      params, layer_infos(at, params), sharded, regathers, spec.dist.world_size)
-        if k is not None and not verdict.ok:
+        if (k or spec.schedule) and not verdict.ok:
             verdict.message = f"iteration {k + 1}: {verdict.message}"
         verdicts.append(verdict)
-    return merge_ranks("frozen_collectives", verdicts)
+    merged = merge_ranks("frozen_collectives", verdicts)
+    merged.figures = {key: sum(v.figures[key] for v in verdicts) for key in verdicts[0].figures}  # bytes, calls: all
+    merged.figures["frozen_collectives_iterations"] = len(iterations)
+    return merged
 
 
 def volume_per_iteration(spec: CaseSpec, calls: list, params: list[ParamInfo], layout: StateBytes | None) -> Verdict:

@@ -138,6 +138,12 @@ class LayerMap:
         self._weight_layer.setdefault(key, layer)
         self._param_layer.setdefault(id(param), layer)
 
+    def weights_only(self) -> "LayerMap":
+        """The same layers (weights, their aliases) with nothing learnt of their inputs: a later iteration's forward
+        reads new activations, and a sharded wrapper's copies are adopted again (`Watcher._adopt`)."""
+        return LayerMap(list(self.weight_keys), list(self.weight_shapes), input_shapes=[None] * len(self.weight_keys),
+                        _weight_layer=dict(self._weight_layer), _param_layer=dict(self._param_layer))
+
     def unique_layer(self, shapes: list[tuple[int, ...]], shape: tuple[int, ...], transposed_too: bool) -> int | None:
         """The one layer whose listed shape matches `shape` (or its transpose), else None."""
         wanted = {tuple(shape), tuple(reversed(shape))} if transposed_too else {tuple(shape)}
@@ -514,6 +520,12 @@ class Watcher(TorchDispatchMode):
             super().__enter__()
             self._paused = False
 
+    def new_iteration(self) -> None:
+        """A later training iteration's probes start: bound layers forget the inputs the last one learnt (unbound,
+        the layers learnt are kept: they name the weights); storages, copies and live bytes carry on."""
+        if self._bound:
+            self.layers = self.layers.weights_only()
+
     def close(self) -> None:
         """Pop the mode (unless paused) and stop tracking frees: the run is over and the figures are taken."""
         if not self._paused:
@@ -584,6 +596,26 @@ def unsubscribe(probe: object) -> None:
 def set_phase(name: str) -> None:
     if _ACTIVE:
         _ACTIVE[-1].set_phase(name)
+
+
+def new_iteration() -> None:
+    """Tell the running watcher a later iteration's probes start (Watcher.new_iteration)."""
+    if _ACTIVE:
+        _ACTIVE[-1].new_iteration()
+
+
+@contextlib.contextmanager
+def session(enabled: bool = True) -> Iterator[None]:
+    """One watcher kept over every iteration of a probed run (each iteration's probes join it): storage keys and the
+    copies followed carry over, so a cache made in iteration 1 and read in iteration 3 is known for what it is."""
+    holder = object()
+    if enabled:
+        subscribe(holder)
+    try:
+        yield
+    finally:
+        if enabled:
+            unsubscribe(holder)
 
 
 @contextlib.contextmanager

@@ -191,6 +191,10 @@ class GemmProbe:
         self._weights = [site.weight for site in linear_weights(model)]
         self._shapes = shapes
 
+    def again(self) -> "GemmProbe":
+        """A fresh probe like this one for a later iteration (the runner binds it)."""
+        return GemmProbe(self.follow_copies)
+
     @property
     def events(self) -> list[GemmEvent]:
         if self._events is None or len(self._events) != len(self._raw):

@@ -39,6 +39,11 @@ class PeakMemoryProbe:
         self._in_backward = False
         self._baseline = 0
         self._watcher: Watcher | None = None
+        self._live_at_entry = 0  # live bytes the shared watcher tracked already (an earlier iteration's, kept)
+
+    def again(self) -> "PeakMemoryProbe":
+        """A fresh probe for a later iteration: its peak counts what that iteration adds."""
+        return PeakMemoryProbe()
 
     def __enter__(self) -> "PeakMemoryProbe":
         self.peak_bytes = self.peak_backward_bytes = 0
@@ -49,6 +54,8 @@ class PeakMemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._baseline = torch.cuda.memory_allocated(self.device)
         self._watcher = dispatch.subscribe(self)
+        self._live_at_entry = self._watcher.current_bytes
+        self._watcher.reset_window()
         return self
 
     def _reset_window(self) -> None:
@@ -57,7 +64,7 @@ class PeakMemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def _close_window(self) -> None:
-        peak = self._watcher.window_peak_bytes
+        peak = self._watcher.window_peak_bytes - self._live_at_entry
         if self.allocator:
             torch.cuda.synchronize(self.device)
             allocated = torch.cuda.max_memory_allocated(self.device) - self._baseline
@@ -74,7 +81,6 @@ class PeakMemoryProbe:
 
     def __exit__(self, *exc: object) -> None:
         self._close_window()
-        self.peak_bytes = max(self.peak_bytes, self._watcher.peak_bytes)
         dispatch.unsubscribe(self)
 
     def figures(self) -> dict[str, Any]:

@@ -143,6 +143,10 @@ class SavedTensorsProbe:
         self._watcher: Watcher | None = None
         self._hooks = None
 
+    def again(self) -> "SavedTensorsProbe":
+        """A fresh probe for a later iteration."""
+        return SavedTensorsProbe()
+
     @property
     def items(self) -> list[SavedItem]:
         return [SavedItem(key, new, storage_bytes, tensor_bytes, shape, str(dtype), root, view, print_, before)

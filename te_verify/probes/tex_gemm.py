@@ -85,6 +85,10 @@ class TexGemmProbe:
         # (dispatch.Watcher.follow_copies), as TE's own quantized copies do through the tex record.
         self.follow_copies = follow_copies
 
+    def again(self) -> "TexGemmProbe":
+        """A fresh probe for a later iteration (the runner binds it)."""
+        return TexGemmProbe(self.follow_copies)
+
     def bind(self, model: torch.nn.Module) -> None:
         self._model = model
 
@@ -169,6 +173,9 @@ class AtenGemmOutsideTex(GemmProbe):
         self.constant_gemms = 0  # aten GEMMs run inside them
         self._saved: list[tuple[str, Any]] = []
         self._saved_builders: list[tuple[Any, str, Any]] = []
+
+    def again(self) -> "AtenGemmOutsideTex":
+        return AtenGemmOutsideTex()
 
     def bind(self, model: torch.nn.Module) -> None:
         from te_verify.oracle.sites import linear_weights

@@ -7,6 +7,7 @@ from te_verify.backends.base import Backend
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.ending import ending
 from te_verify.checks.family_waste import family_waste_verdicts
+from te_verify.checks.iterations import each_iteration
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
@@ -64,7 +65,8 @@ class CaseRun:
 
     def verify(self) -> list[Verdict]:
         """Eager reference vs the backend under test: replay semantics, None-ness, gradient parity, and the
-        waste checks (FLOPs and GEMMs by role, saved-for-backward bytes, peak) against the oracle."""
+        waste checks (FLOPs and GEMMs by role, saved-for-backward bytes, peak) against the oracle, at every iteration
+        (checks.iterations)."""
         family = self.spec.model is not None  # its checks judge what is not a linear site against eager's run
         ref = run_case(self.spec, EagerBackend(), default_probes("eager", True) if family else ())
         if ref.error is not None and ref.error_pass == 0:  # the harness could not build or prepare the case
@@ -81,10 +83,11 @@ class CaseRun:
         truth = run_fp64_eager(self.spec, follow=ref)
         if family:  # attention and norms: eager's elementwise deviation from fp64, doubled (see tolerances.py)
             tol, bound = derived_tolerance(self.spec, ref, truth), None
-            waste = family_waste_verdicts(self.spec, got, ref, self.backend_name)
+            waste = each_iteration(self.spec, (got, ref),
+                                   lambda spec, runs: family_waste_verdicts(spec, *runs, self.backend_name))
         else:  # a stack's every value against its fp64 truth, normwise
             tol, bound = None, truth_bound(self.spec, truth)
-            waste = waste_verdicts(self.spec, got, self.backend_name)
+            waste = each_iteration(self.spec, (got,), lambda spec, runs: waste_verdicts(spec, *runs, self.backend_name))
         self.figures["tolerance"] = (bound or tol).source
         scale = grad_scale(self.spec.id, self.backend_name, ref, got, bound or truth_bound(self.spec, truth))
         return self.require(self.standard_verdicts(ref, got, tol, bound) + [scale] + waste)

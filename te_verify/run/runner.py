@@ -16,6 +16,7 @@ from te_verify import training
 from te_verify.probes import dispatch
 from te_verify.probes.base import Probe
 from te_verify.probes.retention import Retention
+from te_verify.run.iteration_probes import IterationProbes, bind_probes
 from te_verify.run.process_state import watched
 from te_verify.record import INPUT_GRAD, Record, Step, TensorState
 from te_verify.spec import CaseSpec
@@ -70,13 +71,6 @@ def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: 
 def set_phase(probes: list[Probe], name: str, index: int = 0) -> None:
     for probe in probes:
         probe.phase(name, index)
-
-
-def bind_probes(probes: list[Probe], model: torch.nn.Module) -> list[Probe]:
-    """Probes that attribute work to layers learn the model's parameters (`bind`); returns `probes`."""
-    for probe in probes:
-        getattr(probe, "bind", lambda m: None)(model)
-    return probes
 
 
 def fresh_inputs(inputs: CaseInputs) -> CaseInputs:
@@ -139,9 +133,12 @@ class Trainer:
     code, caches, TE's FP8 scaling state and weight copies) is its own."""
 
     def __init__(self, fn, model: torch.nn.Module, spec: CaseSpec, record: Record, follow: Record | None = None,
-                 batches: list[CaseInputs] | None = None, watchers: list[Probe] = ()) -> None:
+                 batches: list[CaseInputs] | None = None, watchers: list[Probe] = (), probes: list[Probe] = ()
+                 ) -> None:
         self.fn, self.model, self.spec, self.record = fn, model, spec, record
         self.follow = follow
+        # Fresh waste probes like the first iteration's (`probes`) around every later iteration's passes.
+        self.probes = IterationProbes(list(probes), model, record)
         # Probes entered around every iteration (spans_iterations): they hear every phase and every step.
         self.watchers = list(watchers)
         # Each iteration's own batch, as a training loop feeds one (iteration_batches), where this trainer runs the
@@ -208,17 +205,16 @@ class Trainer:
             self.change(k)
             self.follow_reference(k)
             batch = self.batches[k - 1]
-            self.hear("forward")
-            dispatch.set_phase("second step")
-            out = self.fn(batch.x)
-            dispatch.set_phase("idle")
-            self.record.add_output(out, f"iteration {k}", k, host=True)
-            dispatch.set_phase("second step")
-            for stage in range(1, self.spec.replays + 1):
-                self.hear("backward", stage)
-                out.backward(batch.grad_output, retain_graph=stage < self.spec.replays)
-            del out
-            dispatch.set_phase("idle")
+            with self.probes.around(k) as probes:
+                self.hear("forward", 0, probes)
+                out = self.fn(batch.x)
+                dispatch.set_phase("idle")
+                self.record.add_output(out, f"iteration {k}", k, host=True)
+                for stage in range(1, self.spec.replays + 1):
+                    self.hear("backward", stage, probes)
+                    out.backward(batch.grad_output, retain_graph=stage < self.spec.replays)
+                del out
+                dispatch.set_phase("idle")
             grads = host_copies(snapshot_grads(self.model, batch.x))
             batch.x.grad = None
             dispatch.set_phase("second step")
@@ -228,10 +224,14 @@ class Trainer:
             self.record.error, self.record.error_pass, self.record.error_iteration = exc, stage, k
             raise
 
-    def hear(self, phase: str, index: int = 0) -> None:
-        """The watchers hear what runs next (they keep their own accounting; the dispatch phase is the caller's)."""
+    def hear(self, phase: str, index: int = 0, probes: list[Probe] = ()) -> None:
+        """The watchers and this iteration's probes hear what runs next; the dispatch phase is the probes' where the
+        iteration is probed (a forward learns its layers' inputs), else "second step" (tracked, nothing learnt)."""
         for watcher in self.watchers:
             watcher.phase(phase, index)
+        for probe in probes:
+            probe.phase(phase, index)
+        dispatch.set_phase(phase if probes else "second step")
 
     def inputs_left(self) -> dict[str, TensorState]:
         """Every later iteration's batch as the run left it (the caller's first batch is the runner's to read)."""
@@ -291,10 +291,11 @@ def watching(watchers: list[Probe], fn, record: Record) -> Iterator[None]:
 
 def _train(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, record: Record, probes: list[Probe],
            follow: Record | None, watchers: list[Probe]) -> None:
-    """The iterations of run_prepared: the first under the probes, its step, the second under the retention check
-    where the run is probed, the rest."""
-    trainer = Trainer(fn, model, spec, record, follow, iteration_batches(inputs, spec.iterations), watchers)
-    with Retention(bool(probes)) as retention:  # entered first: on CPU it tracks from the measured step on
+    """The iterations of run_prepared: the first under the probes, its step; where the run is probed every later
+    iteration under fresh probes of the same kinds (Trainer) and the retention check (its net growth), one dispatch
+    watcher kept over all of them (dispatch.session); unprobed, the rest plain."""
+    trainer = Trainer(fn, model, spec, record, follow, iteration_batches(inputs, spec.iterations), watchers, probes)
+    with dispatch.session(bool(probes)), Retention(bool(probes)) as retention:
         out = _measured_step(fn, model, inputs, spec, record, probes, watchers)
         record.state_after = model_state(model)
         for probe in probes:
@@ -303,14 +304,28 @@ def _train(fn, model: torch.nn.Module, inputs: CaseInputs, spec: CaseSpec, recor
         if record.error is None:
             del out  # the measured step's output and graph
             trainer.step(1, record.grads[-1])
-            if probes:  # one iteration only: a plain step after it is the judged one
-                step = (lambda _: trainer.iteration(2)) if spec.iterations > 1 else None
-                retained = retention.second_step(fn, model, inputs, step=step, expected=new_state_bytes(spec, 2))
-                record.observations["retained"] = retained
-                record.figures["retained_bytes"] = retained.get("bytes")
-    trainer.rest(3 if probes else 2)
+            if probes:
+                _retained(trainer, retention, inputs, record)
+    trainer.rest(spec.iterations + 1 if probes else 2)
     record.inputs_after.update(input_states(inputs))
     record.inputs_after.update(trainer.inputs_left())
+
+
+def _retained(trainer: Trainer, retention: Retention, inputs: CaseInputs, record: Record) -> None:
+    """Every later iteration's net memory growth (probes.retention; one iteration only: a plain step after it), the
+    second's as observation "retained", the later ones' in "retained_later" by iteration; stops at a raise."""
+    spec, later = trainer.spec, {}
+    for k in range(2, max(spec.iterations, 2) + 1):
+        if record.error is not None:
+            break
+        step = (lambda _, k=k: trainer.iteration(k)) if spec.iterations > 1 else None
+        seen = retention.second_step(trainer.fn, trainer.model, inputs, step=step, expected=new_state_bytes(spec, k))
+        if k == 2:
+            record.observations["retained"] = seen
+            record.figures["retained_bytes"] = seen.get("bytes")
+        else:
+            later[k] = {**seen, "expected": new_state_bytes(spec, k)}
+    record.observations["retained_later"] = later
 
 
 def build_prepared(spec: CaseSpec, backend: Backend, record: Record):

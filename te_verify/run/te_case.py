@@ -28,6 +28,7 @@ from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.oracle.required import sites, te_sites
 from te_verify.checks.te_waste import te_waste
+from te_verify.checks.iterations import each_iteration
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
@@ -260,7 +261,7 @@ def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | 
 def verify_te_stack(case: CaseRun) -> list[Verdict]:
     """A TE-lane stack case against eager: outputs and FP8 gradients against the reference on the same FP8 operands,
     None-ness, gradients, state left behind, what the step leaves besides values (checks.leftovers), and the TE
-    lane's waste checks; raises AssertionError with every failure."""
+    lane's waste checks at every iteration (checks.iterations); raises AssertionError with every failure."""
     spec, name = case.spec, case.backend_name
     skip_unsupported(case)
     ref = run_mean_reduced(spec, EagerBackend())
@@ -280,5 +281,5 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
                          *scaling_verdicts(case, got),
                          state_left_behind(spec.id, name, ref, got, tol),
                          *leftover_verdicts(spec.id, name, ref, got),
-                         *te_waste(spec.id, name, spec, got),
+                         *each_iteration(spec, (got,), lambda at, runs: te_waste(spec.id, name, at, *runs)),
                          *te_compile_verdicts(case, got)])

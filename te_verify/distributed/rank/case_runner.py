@@ -4,8 +4,8 @@ Every rank builds the identical seeded model, freezes it as the spec says (befor
 wraps it, feeds its shard of the global batch, and runs one backward pass with its shard of the cotangent
 scaled by the wrapper's gradient divisor, so that averaged gradients equal eager gradients on the global
 batch. Collectives are recorded (by phase, and by what they carry: distributed.carried) and the gathered-parameter
-timeline while forward and backward run. Then every rank takes three more plain steps; the net growth of live
-memory over the last is the rank's memory_retained (probes.retention).
+timeline while forward and backward run. Then every rank takes three more plain steps (a wrapper's collectives counted
+as iterations 2-4'); the net growth of live memory over the last is the rank's memory_retained (probes.retention).
 Everything is made on the rank's device (te_verify.device, set by the pool or the torchrun entry); the outcome
 travels back as host copies.
 """
@@ -192,7 +192,7 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
             _train_steps(spec, wrapped, x, cotangent, counter, outcome)
         outcome.observations["retained"] = retention.second_step(
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
-            step=None if wrapped.train is None else lambda inputs: _engine_iteration(spec, wrapped, inputs))
+            step=_later_step(spec, wrapped, counter))
     if spec.schedule and wrapped.train is None:  # after every observation of the measured step
         outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
                                                                                counter)
@@ -293,6 +293,27 @@ def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> N
     run_iteration(wrapped.module, wrapped.train, chunked(inputs.x, inputs.grad_output, microbatches(spec)),
                   lambda phase, microbatch: None)
     wrapped.train.step()
+
+
+def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter) -> Callable[[CaseInputs], None]:
+    """The retention check's later steps: an engine's whole iterations (unobserved); a wrapper's forward and backward,
+    each under the collective counter as the next iteration (2, 3, 4: frozen_collectives judges every iteration), but
+    under a freeze schedule, whose iterations distributed.schedule runs and counts."""
+    if wrapped.train is not None:
+        return lambda inputs: _engine_iteration(spec, wrapped, inputs)
+
+    def step(inputs: CaseInputs) -> None:
+        if spec.schedule:
+            wrapped.module(inputs.x).backward(inputs.grad_output)
+            return
+        counter.iteration += 1
+        with counter.patched():
+            counter.phase = "forward"
+            out = wrapped.module(inputs.x)
+            counter.phase = "backward"
+            out.backward(inputs.grad_output)
+            counter.phase = "step"
+    return step
 
 
 def _plain_forward_backward(wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor, counter: CollectiveCounter,

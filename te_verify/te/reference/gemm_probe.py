@@ -16,6 +16,10 @@ class GemmProbe:
         self.log = gemm_log.GemmLog()
         self._ctx = None
 
+    def again(self) -> "GemmProbe":
+        """A fresh log for a later iteration."""
+        return GemmProbe()
+
     def __enter__(self) -> "GemmProbe":
         self._ctx = gemm_log.collecting(self.log)
         self._ctx.__enter__()

@@ -1,0 +1,51 @@
+"""A TE build that does extra GEMMs only from the second iteration on (issue 36, item 1), and its clean twin: TE's
+own Python over the tex emulation with `general_gemm` patched (planted_te_gemms) to TE's own GEMM until the backend's
+parameters change in place (an optimizer step), then to the planted "recompute" GEMM (every fprop GEMM once more, its
+result thrown away) or, in the twin, to the split-K GEMM (two half-K GEMMs: the same FLOPs and operand bytes)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from planted_iterations import stepped
+from planted_te_gemms import GEMMS, ORIGINAL, patched
+
+from te_verify.backends.te_eager import TEEagerBackend
+from te_verify.spec import CaseSpec
+
+_AFTER_STEP = [False]  # set by the backend at every call: whether its parameters changed since prepare
+
+
+def _after_step(mode: str):
+    def gemm(*args: Any, **kwargs: Any):
+        return (GEMMS[mode] if _AFTER_STEP[0] else ORIGINAL)(*args, **kwargs)
+    return gemm
+
+
+GEMMS.update({f"{mode}_after_step": _after_step(mode) for mode in ("recompute", "split_k", "te")})
+
+
+class SteppedTE(TEEagerBackend):
+    """TE's modules, eager; tells the patched GEMM (`stepping`) whether an optimizer step has run."""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        fn = super().prepare(model, spec)
+        changed = stepped(model)
+        _AFTER_STEP[0] = False
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            _AFTER_STEP[0] = changed()
+            return fn(x)
+
+        return run
+
+
+@contextlib.contextmanager
+def stepping(mode: str) -> Iterator[None]:
+    """TE's GEMM before the first step, `mode`'s ("recompute", "split_k" or "te") after it, for a block."""
+    with patched(f"{mode}_after_step"):
+        try:
+            yield
+        finally:
+            _AFTER_STEP[0] = False

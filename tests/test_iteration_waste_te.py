@@ -1,0 +1,45 @@
+"""The TE lane's waste at every iteration (issue 36, item 1): TE's own Python over the tex emulation whose GEMM runs
+every fprop twice from the first call after an optimizer step fails gemm_work naming iteration 2; its twin, split-K
+GEMMs from then on (the same FLOPs and operand bytes), passes every iteration (planted_te_iterations)."""
+from __future__ import annotations
+
+import pytest
+from planted_te_iterations import SteppedTE, stepping
+
+from te_verify.checks.iterations import ITERATIONS_FIGURE, each_iteration
+from te_verify.checks.te_waste import te_waste
+from te_verify.probes import default_probes
+from te_verify.run.microbatch import run_mean_reduced
+from te_verify.spec import CaseSpec, TEConfig
+from te_verify.te import api as te_api
+
+ALT = (True, False, True, False)
+SPEC = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, ALT, True, (16,), te=TEConfig(recipe=None))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def te_python():
+    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
+        yield impl
+
+
+def _waste(mode: str) -> dict:
+    with stepping(mode):
+        got = run_mean_reduced(SPEC, SteppedTE(), default_probes("te_eager"))
+    assert got.error is None, got.error
+    return {v.check: v for v in each_iteration(SPEC, (got,), lambda at, runs: te_waste(SPEC.id, "te_eager", at, *runs))}
+
+
+def test_te_build_recomputing_fprop_from_iteration_2_fails_gemm_work_naming_it():
+    verdicts = _waste("recompute")
+    work = verdicts["gemm_work"]
+    assert not work.ok and work.message.startswith("iteration 2: "), work.message
+    assert "layer 0: 2 fprop GEMMs, 1 required (FLOPs 131,072 vs 65,536" in work.message
+    assert "iteration 3: " in work.message
+    assert verdicts["te_saved_bytes"].ok
+
+
+def test_clean_twin_splitting_k_from_iteration_2_passes_every_iteration():
+    verdicts = _waste("split_k")
+    assert all(v.ok for v in verdicts.values()), [v.message for v in verdicts.values()]
+    assert verdicts["gemm_work"].figures[ITERATIONS_FIGURE] == 3
