@@ -10,6 +10,8 @@ reference, not looser numbers).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from te_verify.matrix.tiers import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, dedupe, named_masks
 from te_verify.spec import PROJECTIONS, CaseSpec, DistConfig, ModelConfig
 
@@ -57,6 +59,31 @@ def schedule_specs(tier: str) -> list[CaseSpec]:
         wrappers += [("ddp", (("find_unused_parameters", True),)), ("fsdp", ())]
     return dedupe([_spec("dist_schedule", w, m, options=opts).replace(schedule=plan)
                    for w, opts in wrappers for m, plan in plans])
+
+
+# A wrapper's mixed-precision policy as users configure it: bf16 compute over fp32 parameters, fp32 reduction.
+POLICY = ("bf16", "fp32")
+POLICY_WRAPPERS = (("fsdp2", (("reshard_after_forward", True),)), ("fsdp", (("sharding", "FULL_SHARD"),)),
+                   ("fsdp2", (("reshard_after_forward", False),)), ("fsdp", (("sharding", "SHARD_GRAD_OP"),)))
+
+
+def mixed_precision_specs(tier: str) -> list[CaseSpec]:
+    """FSDP2 MixedPrecisionPolicy and FSDP1 MixedPrecision(param_dtype=bf16, reduce_dtype=fp32) over fp32 parameters
+    (DistConfig.param_dtype / reduce_dtype): smoke one each of FSDP2 and FSDP1 (frozen middle layer, input grad); pr
+    adds FSDP2 without reshard after forward and FSDP1 SHARD_GRAD_OP; nightly every mask with and without input grad,
+    odd widths and freezing after wrapping. NO_SHARD is left out: it all-reduces without gathering, and the lane counts
+    every FSDP1 case as sharding (verify.shards), so its gather dtype would read as not observed."""
+    check_tier(tier)
+    wrappers = POLICY_WRAPPERS[:2] if tier == "smoke" else POLICY_WRAPPERS
+    specs = [_spec("dist_mixed_precision", w, MIDDLE, True, opts) for w, opts in wrappers]
+    if tier == "nightly":
+        specs += [_spec("dist_mixed_precision", w, m, x, opts) for w, opts in wrappers
+                  for m in _masks(tier).values() for x in (False, True)]
+        specs += [_spec("dist_mixed_precision", w, named_masks(3)["alternating"], True, opts, ODD_WIDTHS[1],
+                        batch=(4, 6)) for w, opts in wrappers[:2]]
+        specs += _timing("dist_mixed_precision", "fsdp2") + _timing("dist_mixed_precision", "fsdp")
+    return dedupe([s.replace(dist=dataclasses.replace(s.dist, param_dtype=POLICY[0], reduce_dtype=POLICY[1]))
+                   for s in specs])
 
 
 def ddp_specs(tier: str) -> list[CaseSpec]:
