@@ -63,7 +63,7 @@ def test_a_gradient_one_percent_high_fails_the_policys_truth_bound(pool):
 def test_no_collective_seen_is_not_observed():
     from te_verify.checks.collective_dtypes import collective_dtypes
 
-    verdict = collective_dtypes("case", "fsdp2", {0: [], 1: []}, [], "bfloat16", "float32", True, 2)
+    verdict = collective_dtypes("case", "fsdp2", {0: [], 1: []}, lambda k: [], "bfloat16", "float32", True, 2)
     assert not verdict.ok and "not observed" in verdict.message, verdict.message
 
 

@@ -10,6 +10,8 @@ parameter) it holds, within sharding padding. Nothing judged (no such collective
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from te_verify.checks.collectives import AFTER_FORWARD, ELEMENT_SIZE, GRAD_REDUCTIONS, Collective, ParamInfo
 from te_verify.checks.verdict import Verdict, not_observed
 FORWARD_AND_BACKWARD = ("forward", "backward")
@@ -49,10 +51,12 @@ def reduction_names(call: Collective, order: int, params: list[ParamInfo], world
     return f"{elements:,} gradient elements of no unit by size"
 
 
-def collective_dtypes(case_id: str, backend: str, ranks: dict[int, list[Collective]], params: list[ParamInfo],
-                      param_dtype: str, reduce_dtype: str, shards: bool, world_size: int) -> Verdict:
+def collective_dtypes(case_id: str, backend: str, ranks: dict[int, list[Collective]],
+                      params_at: Callable[[int], list[ParamInfo]], param_dtype: str, reduce_dtype: str, shards: bool,
+                      world_size: int) -> Verdict:
     """Every gradient reduction in `reduce_dtype` and every parameter all-gather in `param_dtype` (torch names,
-    "bfloat16"; "" leaves that part unjudged; gathers only where the wrapper `shards`), on every rank."""
+    "bfloat16"; "" leaves that part unjudged; gathers only where the wrapper `shards`), on every rank;
+    `params_at(iteration)`: the parameters as trainable in that iteration (0-based; a freeze schedule changes them)."""
     problems, judged = [], {"reductions": 0, "gathers": 0}
     for rank, calls in sorted(ranks.items()):
         seen: dict[int, int] = {}
@@ -63,7 +67,7 @@ def collective_dtypes(case_id: str, backend: str, ranks: dict[int, list[Collecti
                     judged["reductions"] += 1
                     if c.dtype != reduce_dtype:
                         problems.append(f"rank {rank}: {c.kind} #{index} in {c.phase} (iteration {c.iteration + 1}) "
-                                        f"reduced the gradients of {reduction_names(c, order, params, world_size)} "
+                                        f"reduced the gradients of {reduction_names(c, order, params_at(c.iteration), world_size)} "
                                         f"in {c.dtype}, the policy reduces in {reduce_dtype}")
             elif is_param_gather(c) and param_dtype and shards:
                 judged["gathers"] += 1

@@ -66,10 +66,10 @@ def dist_state_left_behind(case_id: str, backend: str, ref: Record, ranks: list[
 
 
 def dist_schedule_parity(case_id: str, backend: str, want: list[dict], ranks: dict[int, tuple[list[dict], str | None]],
-                         tol: Tolerance) -> Verdict:
+                         tol: Tolerance, truth: list[dict] | None = None, bound: TruthBound | None = None) -> Verdict:
     """Under a freeze schedule, each rank's gradients of every iteration after the first (`ranks[r]`: their list and
-    what the wrapper raised, if it did) against eager's on the global batch (`want`: iterations 2, 3, ...): None-ness
-    and values, naming the iteration, the rank and the parameter (a parameter a wrapper stopped reducing after a
+    what the wrapper raised, if it did) against eager's on the global batch (`want`: iterations 2, 3, ...; given their
+    fp64 `truth` and a `bound`, within the bound of the truth): None-ness and values, naming the iteration, the rank and the parameter (a parameter a wrapper stopped reducing after a
     change is a rank-local gradient: its values differ)."""
     head = f"[{case_id}] backend {backend}: after a freeze schedule's change"
     problems, compared = [], 0
@@ -79,7 +79,9 @@ def dist_schedule_parity(case_id: str, backend: str, want: list[dict], ranks: di
         if len(grads) < len(want) and error is None:
             problems.append(f"rank {rank}: {len(grads)} iterations after the first, {len(want)} expected")
         for k, (ref, got) in enumerate(zip(want, grads), start=2):
-            found = presence_problems(ref, got, f"iteration {k}") + grad_mismatches(ref, got, tol, f"iteration {k}:")
+            true = truth[k - 2] if truth is not None else None  # a mixed-precision policy's: fp64, its bound
+            found = presence_problems(ref, got, f"iteration {k}") + grad_mismatches(ref, got, tol, f"iteration {k}:",
+                                                                                    true, bound)
             problems += [f"rank {rank}: {p}" for p in found]
             compared += sum(1 for n, g in ref.items() if g is not None and got.get(n) is not None)
     figures = {"schedule_iterations_compared": len(want), "schedule_grads_compared": compared}

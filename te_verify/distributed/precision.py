@@ -7,12 +7,15 @@ of the case stays what both are measured against (checks.tolerances.TruthBound):
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from te_verify.checks.collective_dtypes import collective_dtypes
 from te_verify.checks.collectives import Collective, ParamInfo
 from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
+from te_verify.distributed.schedule import reference_iterations
 from te_verify.record import Record
 from te_verify.run.runner import run_fp64_eager
 from te_verify.spec import CaseSpec
@@ -61,8 +64,17 @@ def policy_truth(spec: CaseSpec) -> tuple[dict | None, TruthBound | None]:
     return truth.grads[-1], policy_bound(spec, truth)
 
 
-def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]], params: list[ParamInfo],
-                       shards: bool) -> Verdict:
+def policy_schedule_truth(spec: CaseSpec, bound: TruthBound | None) -> tuple[list[dict] | None, TruthBound | None]:
+    """Under a freeze schedule: the fp64 truth's gradients of iterations 2.. and the policy's bound (None, None
+    without a policy)."""
+    if bound is None:
+        return None, None
+    return reference_iterations(reference_spec(spec), truth=True), bound
+
+
+def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]],
+                       params_at: Callable[[int], list[ParamInfo]], shards: bool) -> Verdict:
     """checks.collective_dtypes against the spec's policy (torch's dtype names)."""
     param, reduce = (str(d).removeprefix("torch.") if d is not None else "" for d in policy_dtypes(spec))
-    return collective_dtypes(spec.id, spec.dist.wrapper, ranks, params, param, reduce, shards, spec.dist.world_size)
+    return collective_dtypes(spec.id, spec.dist.wrapper, ranks, params_at, param, reduce, shards,
+                             spec.dist.world_size)

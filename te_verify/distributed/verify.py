@@ -21,7 +21,8 @@ from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
-from te_verify.distributed.precision import has_policy, policy_collectives, policy_truth, reference_spec
+from te_verify.distributed.precision import (has_policy, policy_collectives, policy_schedule_truth, policy_truth,
+                                            reference_spec)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import eager_trajectory, microbatches
 from te_verify.distributed.schedule import reference_iterations
@@ -238,14 +239,15 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     verdicts.append(collectives_verdict(spec, {r: o.collectives for r, o in enumerate(result.results)}, sharded,
                                         regathers))
     if has_policy(spec):
-        verdicts.append(policy_collectives(spec, {r: o.collectives for r, o in enumerate(result.results)}, params,
-                                           sharded))
+        verdicts.append(policy_collectives(spec, {r: o.collectives for r, o in enumerate(result.results)},
+                                           lambda k: param_infos(spec_at(spec, k + 1)), sharded))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
     if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
-        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(spec),
+        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(reference_spec(spec)),
                                              {r: (o.scheduled_grads, o.schedule_error)
-                                              for r, o in enumerate(result.results)}, tol))
+                                              for r, o in enumerate(result.results)}, tol,
+                                             *policy_schedule_truth(spec, bound)))
     if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts

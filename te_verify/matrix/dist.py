@@ -70,12 +70,18 @@ POLICY_WRAPPERS = (("fsdp2", (("reshard_after_forward", True),)), ("fsdp", (("sh
 def mixed_precision_specs(tier: str) -> list[CaseSpec]:
     """FSDP2 MixedPrecisionPolicy and FSDP1 MixedPrecision(param_dtype=bf16, reduce_dtype=fp32) over fp32 parameters
     (DistConfig.param_dtype / reduce_dtype): smoke one each of FSDP2 and FSDP1 (frozen middle layer, input grad); pr
-    adds FSDP2 without reshard after forward and FSDP1 SHARD_GRAD_OP; nightly every mask with and without input grad,
-    odd widths and freezing after wrapping. NO_SHARD is left out: it all-reduces without gathering, and the lane counts
+    adds FSDP2 without reshard after forward, FSDP1 SHARD_GRAD_OP, and on both a frozen prefix unfrozen after the
+    first iteration (a freeze schedule); nightly every mask with and without input grad, odd widths, freezing after
+    wrapping and a schedule freezing all but the head. NO_SHARD is left out: it all-reduces without gathering, and the lane counts
     every FSDP1 case as sharding (verify.shards), so its gather dtype would read as not observed."""
     check_tier(tier)
     wrappers = POLICY_WRAPPERS[:2] if tier == "smoke" else POLICY_WRAPPERS
     specs = [_spec("dist_mixed_precision", w, MIDDLE, True, opts) for w, opts in wrappers]
+    if tier != "smoke":  # a frozen prefix's first forward, then unfrozen: pytorch/pytorch#186998's order
+        plans = [(named_masks(4)["prefix"], ((2, "unfreeze_all"),))]
+        plans += [(named_masks(4)["none"], ((2, "freeze_all_but_last"),))] if tier == "nightly" else []
+        specs += [_spec("dist_mixed_precision", w, m).replace(schedule=plan) for w in ("fsdp2", "fsdp")
+                  for m, plan in plans]
     if tier == "nightly":
         specs += [_spec("dist_mixed_precision", w, m, x, opts) for w, opts in wrappers
                   for m in _masks(tier).values() for x in (False, True)]
