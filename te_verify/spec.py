@@ -26,6 +26,10 @@ ACCUMULATIONS = ("interleaved", "forwards_first")
 # file each; their cases take optimizer steps).
 WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fsdp",
             "megatron_ddp", "megatron_fsdp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")
+# DistConfig.param_dtype / reduce_dtype: a wrapper's mixed-precision policy ("" = none), and the wrappers that
+# take one (distributed.precision builds it for each).
+MIXED_PRECISION_DTYPES = ("", "bf16", "fp32")
+MIXED_PRECISION_WRAPPERS = ("fsdp", "fsdp2")
 # Names of users' wrappers declared in this process (te_verify.distributed.declare registers them).
 USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
@@ -146,11 +150,17 @@ class DistConfig:
     world_size: int = 2
     # Wrapper keyword options as sorted (name, value) pairs, so the config stays hashable.
     options: tuple[tuple[str, Any], ...] = ()
+    # The wrapper's mixed-precision policy over the spec's fp32 parameters, as users configure it (FSDP1
+    # MixedPrecision, FSDP2 MixedPrecisionPolicy): the dtype parameters are cast to for compute (and all-gathered in),
+    # and the dtype gradients are reduced in; "" leaves the wrapper's default (no policy). MIXED_PRECISION_DTYPES.
+    param_dtype: str = ""
+    reduce_dtype: str = ""
 
     @property
     def tag(self) -> str:
         opts = "".join(f".{k}={v}" for k, v in self.options)
-        return f"{self.wrapper}{opts}.ws{self.world_size}"
+        policy = f".mp{self.param_dtype}" * bool(self.param_dtype) + f".red{self.reduce_dtype}" * bool(self.reduce_dtype)
+        return f"{self.wrapper}{opts}.ws{self.world_size}{policy}"  # suffix only off the default: existing ids stay
 
 
 @dataclass(frozen=True)
@@ -526,3 +536,18 @@ def validate(spec: CaseSpec) -> None:
         _check(spec.dist.world_size >= 1, f"dist.world_size={spec.dist.world_size!r}: at least one rank")
         _check(spec.batch_shape[0] % spec.dist.world_size == 0,
                f"batch_shape={spec.batch_shape!r}: batch must split evenly over {spec.dist.world_size} ranks")
+        _check_policy(spec)
+
+
+def _check_policy(spec: CaseSpec) -> None:
+    """A wrapper's mixed-precision policy: known dtypes, a wrapper that takes one, over a stack's fp32 parameters."""
+    d = spec.dist
+    for field, value in (("param_dtype", d.param_dtype), ("reduce_dtype", d.reduce_dtype)):
+        _check(value in MIXED_PRECISION_DTYPES, f"dist.{field}={value!r}: expected one of {MIXED_PRECISION_DTYPES}")
+    if not (d.param_dtype or d.reduce_dtype):
+        return
+    _check(d.wrapper in MIXED_PRECISION_WRAPPERS,
+           f"dist.param_dtype/reduce_dtype: wrapper {d.wrapper!r} takes no policy here ({MIXED_PRECISION_WRAPPERS} do)")
+    _check(spec.dtype == "fp32" and spec.model is None,
+           f"dist.param_dtype={d.param_dtype!r}: a policy over a linear stack's fp32 parameters (dtype={spec.dtype!r}, "
+           f"model={spec.model and spec.model.tag!r})")

@@ -200,7 +200,7 @@ def test_bad_input_is_one_line(tmp_path, args, culprit):
     assert proc.returncode == 4 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith("ERROR: ") and culprit in lines[0]
     what = ("prepare(model, spec)" if "CaseSpec" in culprit else "words joined by and, or, not" if "-k" in args
-            else "the checks that exist: compare_options, ")
+            else f"the checks that exist: {CHECKS[0]}, ")
     assert what in lines[0]
 
 

@@ -54,6 +54,8 @@ class Collective:
     iteration: int = 0
     # The microbatch of that iteration running when it was called (an engine accumulating gradients runs several).
     microbatch: int = 0
+    # The dtype of the tensor(s) this rank contributed, as called ("float32", "bfloat16"; "" where not recorded).
+    dtype: str = ""
 
     @property
     def value_bytes(self) -> int:
@@ -88,9 +90,20 @@ class ParamInfo:
         return (world_size - 1) * row + ALIGN_BYTES
 
 
-def reduction_bytes(calls: list[Collective]) -> int:
-    """Bytes reduced after forward, less what carried parameter values (frozen_collectives judges those)."""
-    return sum(max(c.nbytes - c.value_bytes, 0) for c in calls if c.kind in GRAD_REDUCTIONS and c.phase in AFTER_FORWARD)
+# Bytes per element of the floating dtypes a collective may run in (Collective.dtype).
+ELEMENT_SIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def reduction_bytes(calls: list[Collective], element_size: int | None = None) -> int:
+    """Bytes reduced after forward, less what carried parameter values (frozen_collectives judges those); counted at
+    `element_size` bytes per element where given: a mixed-precision policy reduces fp32 parameters' gradients in
+    another dtype, and which dtype is collective_dtypes' to judge, not the volume's."""
+    def grad_bytes(c: Collective) -> int:
+        nbytes = max(c.nbytes - c.value_bytes, 0)
+        own = ELEMENT_SIZE.get(c.dtype)
+        return nbytes if element_size is None or own is None else nbytes * element_size // own
+
+    return sum(grad_bytes(c) for c in calls if c.kind in GRAD_REDUCTIONS and c.phase in AFTER_FORWARD)
 
 
 def summarize(calls: list[Collective]) -> dict[str, int]:
@@ -106,7 +119,8 @@ def gradient_volume(case_id: str, backend: str, calls: list[Collective], params:
     """Reduction bytes after forward within [trainable bytes, trainable bytes + padding bound], `reductions` times
     (an engine that keeps only its gradient partition reduces every microbatch); `layout_slack`: the padding an
     engine's flat buffer adds (its bucket and parameter alignment, distributed.engines)."""
-    actual = reduction_bytes(calls)
+    sizes = {p.element_size for p in params}
+    actual = reduction_bytes(calls, sizes.pop() if len(sizes) == 1 else None)
     trainable = [p for p in params if p.trainable]
     required = sum(p.nbytes for p in trainable) * reductions
     slack = (sum(p.padding_bound(world_size) for p in trainable) + layout_slack) * reductions

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 
 CHECKS: tuple[str, ...] = (
+    "collective_dtypes",  # checks/collective_dtypes.py
     "compare_options",  # run/compare_options.py
     "dist_grad_parity",  # checks/dist_parity.py
     "dist_output_parity",  # checks/dist_parity.py

@@ -13,6 +13,7 @@ from te_verify.distributed.rank.observe import CollectiveCounter
 from te_verify.distributed.types import Wrapped
 from te_verify.models import CPU, apply_schedule, frozen_at_backward, make_inputs
 from te_verify.spec import CaseSpec
+from te_verify.training import autocast_forward
 
 
 def scheduled_iterations(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
@@ -39,14 +40,19 @@ def scheduled_iterations(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cota
     return grads, None
 
 
-def reference_iterations(spec: CaseSpec) -> list[dict[str, torch.Tensor | None]]:
+def reference_iterations(spec: CaseSpec, truth: bool = False) -> list[dict[str, torch.Tensor | None]]:
     """Single-process eager on the global batch, no optimizer step: iterations 2..spec.iterations' gradients under
-    the schedule, by qualified name."""
+    the schedule, by qualified name; each forward under the spec's autocast (a wrapper's mixed-precision policy:
+    distributed.precision.reference_spec), or in fp64 without it where `truth`."""
     model, inputs = frozen_at_backward(spec, CPU), make_inputs(spec, device=CPU)
+    x, cotangent = inputs.x.detach(), inputs.grad_output
+    if truth:
+        model, x, cotangent = model.double(), x.double(), cotangent.double()
+    forward = model if truth else autocast_forward(model, spec.autocast)
     grads = []
     for k in range(2, spec.iterations + 1):
         apply_schedule(model, spec, k)
         model.zero_grad(set_to_none=True)
-        model(inputs.x.detach()).backward(inputs.grad_output)
+        forward(x).backward(cotangent)
         grads.append({n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()})
     return grads

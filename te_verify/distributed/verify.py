@@ -21,6 +21,8 @@ from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
+from te_verify.distributed.precision import (has_policy, policy_collectives, policy_schedule_truth, policy_truth,
+                                            reference_spec)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import eager_trajectory, microbatches
 from te_verify.distributed.schedule import reference_iterations
@@ -116,7 +118,7 @@ def local_spec(spec: CaseSpec) -> CaseSpec:
     """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank), single-process (a
     shard need not split over the ranks again); an engine's first microbatch of it, which its probes watch."""
     rows = spec.batch_shape[0] // spec.dist.world_size // microbatches(spec)
-    return spec.replace(batch_shape=(rows, *spec.batch_shape[1:]), dist=None)
+    return reference_spec(spec).replace(batch_shape=(rows, *spec.batch_shape[1:]), dist=None)
 
 
 def gathered_weight_allowance(spec: CaseSpec) -> int:
@@ -212,9 +214,11 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     outputs and gradients, requires_grad, its input shard and cotangent, memory a later step retains); every rank's
     collectives of frozen parameters; gradient volume, reshard timing and gathered peak from rank 0's
     observations."""
-    backend, ref, ranks = spec.dist.wrapper, run_case(spec, EagerBackend()), rank_records(spec.dist.wrapper, result)
-    tol = dist_tolerance(spec, ref)
-    verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol), dist_output_parity(spec.id, backend, ref, ranks, tol),
+    backend, ranks = spec.dist.wrapper, rank_records(spec.dist.wrapper, result)
+    ref = run_case(reference_spec(spec), EagerBackend())  # under a mixed-precision policy: eager in its precision
+    tol, (truth, bound) = dist_tolerance(spec, ref), policy_truth(spec)
+    verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol, truth, bound),
+                dist_output_parity(spec.id, backend, ref, ranks, tol),
                 dist_state_left_behind(spec.id, backend, ref, ranks, tol)]
     outcome: RankOutcome | None = next((o for o in result.results if o is not None), None)
     if outcome is None or result.errors:
@@ -234,12 +238,16 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     sharded = shards(spec)
     verdicts.append(collectives_verdict(spec, {r: o.collectives for r, o in enumerate(result.results)}, sharded,
                                         regathers))
+    if has_policy(spec):
+        verdicts.append(policy_collectives(spec, {r: o.collectives for r, o in enumerate(result.results)},
+                                           lambda k: param_infos(spec_at(spec, k + 1)), sharded))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
     verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
     if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
-        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(spec),
+        verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(reference_spec(spec)),
                                              {r: (o.scheduled_grads, o.schedule_error)
-                                              for r, o in enumerate(result.results)}, tol))
+                                              for r, o in enumerate(result.results)}, tol,
+                                             *policy_schedule_truth(spec, bound)))
     if outcome.params_after_steps:  # a training engine's case, built-in or a user's declared wrapper with train=
         verdicts += training_verdicts(spec, result, params, tol)
     return verdicts
@@ -319,8 +327,8 @@ def state_verdict(spec: CaseSpec, ranks: dict[int, RankOutcome], params: list[Pa
 def dist_tolerance(spec: CaseSpec, ref: Record) -> Tolerance:
     """The dtype's table; a model family's atol derived from eager's deviation from fp64, as on the torch lane
     (checks.tolerances.derived_tolerance): a sharded reduction reassociates softmax and norm sums too."""
-    if spec.model is None:
-        return tolerance_for(spec, spec.dist.wrapper)
+    if spec.model is None:  # the precision the GEMMs ran in: a mixed-precision policy's param dtype
+        return tolerance_for(reference_spec(spec), spec.dist.wrapper)
     return derived_tolerance(spec, ref, run_fp64_eager(spec))
 
 

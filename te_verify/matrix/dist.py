@@ -10,6 +10,8 @@ reference, not looser numbers).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from te_verify.matrix.tiers import NON_SQUARE4, ODD_WIDTHS, SQUARE4, check_tier, dedupe, named_masks
 from te_verify.spec import PROJECTIONS, CaseSpec, DistConfig, ModelConfig
 
@@ -80,6 +82,37 @@ def accumulation_specs(tier: str) -> list[CaseSpec]:
              for w, opts in wrappers for m in (MIDDLE, named_masks(4)["alternating"]) for n in (2, 4)
              for order in ("interleaved", "forwards_first")]
     return dedupe(first + specs)
+
+
+# A wrapper's mixed-precision policy as users configure it: bf16 compute over fp32 parameters, fp32 reduction.
+POLICY = ("bf16", "fp32")
+POLICY_WRAPPERS = (("fsdp2", (("reshard_after_forward", True),)), ("fsdp", (("sharding", "FULL_SHARD"),)),
+                   ("fsdp2", (("reshard_after_forward", False),)), ("fsdp", (("sharding", "SHARD_GRAD_OP"),)))
+
+
+def mixed_precision_specs(tier: str) -> list[CaseSpec]:
+    """FSDP2 MixedPrecisionPolicy and FSDP1 MixedPrecision(param_dtype=bf16, reduce_dtype=fp32) over fp32 parameters
+    (DistConfig.param_dtype / reduce_dtype): smoke one each of FSDP2 and FSDP1 (frozen middle layer, input grad); pr
+    adds FSDP2 without reshard after forward, FSDP1 SHARD_GRAD_OP, and on both a frozen prefix unfrozen after the
+    first iteration (a freeze schedule); nightly every mask with and without input grad, odd widths, freezing after
+    wrapping and a schedule freezing all but the head. NO_SHARD is left out: it all-reduces without gathering, and the lane counts
+    every FSDP1 case as sharding (verify.shards), so its gather dtype would read as not observed."""
+    check_tier(tier)
+    wrappers = POLICY_WRAPPERS[:2] if tier == "smoke" else POLICY_WRAPPERS
+    specs = [_spec("dist_mixed_precision", w, MIDDLE, True, opts) for w, opts in wrappers]
+    if tier != "smoke":  # a frozen prefix's first forward, then unfrozen: pytorch/pytorch#186998's order
+        plans = [(named_masks(4)["prefix"], ((2, "unfreeze_all"),))]
+        plans += [(named_masks(4)["none"], ((2, "freeze_all_but_last"),))] if tier == "nightly" else []
+        specs += [_spec("dist_mixed_precision", w, m).replace(schedule=plan) for w in ("fsdp2", "fsdp")
+                  for m, plan in plans]
+    if tier == "nightly":
+        specs += [_spec("dist_mixed_precision", w, m, x, opts) for w, opts in wrappers
+                  for m in _masks(tier).values() for x in (False, True)]
+        specs += [_spec("dist_mixed_precision", w, named_masks(3)["alternating"], True, opts, ODD_WIDTHS[1],
+                        batch=(4, 6)) for w, opts in wrappers[:2]]
+        specs += _timing("dist_mixed_precision", "fsdp2") + _timing("dist_mixed_precision", "fsdp")
+    return dedupe([s.replace(dist=dataclasses.replace(s.dist, param_dtype=POLICY[0], reduce_dtype=POLICY[1]))
+                   for s in specs])
 
 
 def ddp_specs(tier: str) -> list[CaseSpec]:

@@ -53,6 +53,11 @@ def tensor_bytes(obj) -> int:
     return 0
 
 
+def payload_dtype(tensors: list[torch.Tensor]) -> str:
+    """The dtype(s) of the tensors a collective was called with, below any wrapper ("bfloat16"; "a+b" if mixed)."""
+    return "+".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
+
+
 @dataclass
 class CollectiveCounter:
     """Records collectives by kind, bytes, phase and what they carry while active."""
@@ -76,12 +81,12 @@ class CollectiveCounter:
         return self.phase
 
     def _record(self, kind: str, volume, payload) -> None:
-        carries = ()
+        carries, tensors = (), collective_tensors(payload)
         if self.attribute is not None:
             with _disable_current_modes():  # the probes' dispatch mode: this work is not the run's
-                carries = self.attribute(collective_tensors(payload))
+                carries = self.attribute(tensors)
         self.calls.append(Collective(kind, tensor_bytes(volume), self.current_phase(), carries, self.iteration,
-                                     self.microbatch))
+                                     self.microbatch, payload_dtype(tensors)))
 
     def _wrap(self, name: str, fn: Callable) -> Callable:
         kind, volume_arg, payload_arg = COLLECTIVES[name]

@@ -6,13 +6,14 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
+from te_verify.distributed.precision import policy_dtypes
 from te_verify.distributed.types import (Wrapped, WrapperError, grad_of, options, param_slots, param_tensors,
                                          storage_bytes, units_of, value_of)
 from te_verify.spec import CaseSpec
 
 
 def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     opts = options(spec)
@@ -21,8 +22,11 @@ def wrap_fsdp1(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
         raise WrapperError(f"dist.options {spec.dist.options!r}: FSDP1 takes sharding=FULL_SHARD|SHARD_GRAD_OP|NO_SHARD")
     slots, layers = param_slots(model), units_of(model, spec)
     # One FSDP unit per unit (a stack's nn.Linear layers, a family's blocks), as a user wraps a transformer.
+    param_dtype, reduce_dtype = policy_dtypes(spec)  # the spec's policy (None: FSDP1's default, no casts)
     fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(u) for u in layers}), device_id=run_device.active(),
-                use_orig_params=True, sharding_strategy=ShardingStrategy[strategy])
+                use_orig_params=True, sharding_strategy=ShardingStrategy[strategy],
+                mixed_precision=MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+                if param_dtype or reduce_dtype else None)
     units = [m for m in fsdp.modules() if isinstance(m, FSDP) and m is not fsdp]
 
     def full_grads() -> dict:

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
+from te_verify.distributed.precision import policy_dtypes
 from te_verify.distributed.types import (Wrapped, WrapperError, grad_of, options, param_slots, param_tensors,
                                          storage_bytes, units_of, value_of)
 from te_verify.spec import CaseSpec
@@ -16,7 +17,7 @@ from te_verify.spec import CaseSpec
 
 def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     opts = options(spec)
     reshard = opts.pop("reshard_after_forward", True)
@@ -25,9 +26,11 @@ def wrap_fsdp2(model: nn.Sequential, spec: CaseSpec) -> Wrapped:
     # The rank's device type: a CUDA mesh with gloo on a GPU host segfaults (#132471), so --device cpu keeps a CPU one.
     mesh = init_device_mesh(run_device.active().type, (dist.get_world_size(),))
     slots, layers = param_slots(model), units_of(model, spec)
+    param_dtype, reduce_dtype = policy_dtypes(spec)  # the spec's policy (None: FSDP2's default, no casts)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
     def full(t: torch.Tensor | None) -> torch.Tensor | None:  # a DTensor's whole value (a collective)
         return None if t is None else t.full_tensor()

@@ -1,0 +1,80 @@
+"""A wrapper's mixed-precision policy (DistConfig.param_dtype / reduce_dtype) as the lane runs and judges it.
+
+The wrapper casts the spec's fp32 parameters to `param_dtype` for forward and backward (and all-gathers them in it)
+and reduces gradients in `reduce_dtype`. The reference is eager on the global batch with the same compute precision
+(torch.autocast in `param_dtype`: every GEMM's operands in bf16, fp32 accumulation, bf16 results), and the fp64 truth
+of the case stays what both are measured against (checks.tolerances.TruthBound): see `policy_bound` for the floor.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from te_verify.checks.collective_dtypes import collective_dtypes
+from te_verify.checks.collectives import Collective, ParamInfo
+from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
+from te_verify.checks.verdict import Verdict
+from te_verify.distributed.schedule import reference_iterations
+from te_verify.record import Record
+from te_verify.run.runner import run_fp64_eager
+from te_verify.spec import CaseSpec
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def has_policy(spec: CaseSpec) -> bool:
+    return spec.dist is not None and bool(spec.dist.param_dtype or spec.dist.reduce_dtype)
+
+
+def policy_dtypes(spec: CaseSpec) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(param dtype, reduce dtype) as torch dtypes; None where the policy leaves the wrapper's default."""
+    return (TORCH_DTYPES.get(spec.dist.param_dtype), TORCH_DTYPES.get(spec.dist.reduce_dtype))
+
+
+def reference_spec(spec: CaseSpec) -> CaseSpec:
+    """Single-process eager computing as the policy's wrapper does: forward under autocast in the param dtype (a
+    bf16 GEMM per linear, bias added in bf16, bf16 activations), backward's GEMMs in it too; fp32 parameters."""
+    if not has_policy(spec) or spec.dist.param_dtype in ("", spec.dtype):
+        return spec
+    return spec.replace(dist=None, autocast=spec.dist.param_dtype)
+
+
+def policy_bound(spec: CaseSpec, truth: Record) -> TruthBound:
+    """The truth bound of a policy's gradients: normwise error vs the fp64 truth at most TRUTH_FACTOR x that of eager
+    under the same compute precision, never under a floor of one `param_dtype` rounding per rank. Why per rank: the
+    wrapper's backward leaves each rank's partial gradient in the param dtype (one rounding of its local sum) and
+    reduces the world_size partials in the reduce dtype (the coarser of the two rounds them), where eager rounds the global sum once; the fp32 reduction
+    of world_size terms adds world_size - 1 roundings of 2^-24, below the bf16 ones by 2^15."""
+    # The coarser of the compute and the reduce dtype rounds the partials (a reduce in bf16 rounds them again).
+    dtype = max(spec.dist.param_dtype or spec.dtype, spec.dist.reduce_dtype or spec.dtype, key=UNIT_ROUNDOFF.get)
+    floor = spec.dist.world_size * UNIT_ROUNDOFF[dtype]
+    return TruthBound(truth, TRUTH_FACTOR, floor,
+                      f"normwise error vs fp64 <= {TRUTH_FACTOR:g} x eager's under autocast {dtype}, floor "
+                      f"{spec.dist.world_size} x u({dtype}) = {floor:.3g} x |truth| (one rounding per rank's partial)")
+
+
+def policy_truth(spec: CaseSpec) -> tuple[dict | None, TruthBound | None]:
+    """The fp64 truth's gradients of the measured pass and the policy's bound; (None, None) without a policy (the
+    lane's tolerance table judges)."""
+    if not has_policy(spec):
+        return None, None
+    truth = run_fp64_eager(reference_spec(spec))
+    return truth.grads[-1], policy_bound(spec, truth)
+
+
+def policy_schedule_truth(spec: CaseSpec, bound: TruthBound | None) -> tuple[list[dict] | None, TruthBound | None]:
+    """Under a freeze schedule: the fp64 truth's gradients of iterations 2.. and the policy's bound (None, None
+    without a policy)."""
+    if bound is None:
+        return None, None
+    return reference_iterations(reference_spec(spec), truth=True), bound
+
+
+def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]],
+                       params_at: Callable[[int], list[ParamInfo]], shards: bool) -> Verdict:
+    """checks.collective_dtypes against the spec's policy (torch's dtype names)."""
+    param, reduce = (str(d).removeprefix("torch.") if d is not None else "" for d in policy_dtypes(spec))
+    return collective_dtypes(spec.id, spec.dist.wrapper, ranks, params_at, param, reduce, shards,
+                             spec.dist.world_size)
