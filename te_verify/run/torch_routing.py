@@ -1,0 +1,148 @@
+"""What torch routes a call through besides its own code, by identity (process_state judges it): the modes on the
+torch-function and dispatch mode stacks, and torch's callables -- the functions of the `torch` namespace and of
+torch.nn.functional, the methods of torch.Tensor and of every nn.Module class in torch.nn.modules. A run that leaves
+a mode entered (a tracer that never exits) or a callable replaced (`torch.nn.Linear.forward = ...`, as
+monkey-patching libraries do) leaves every later run, the eager reference and the fp64 truth included, computing
+through it, all agreeing with each other about a torch that is no longer torch.
+
+Read cheaply: a mode stack is a tuple of its modes; the callables are one shallow copy of each namespace's __dict__
+(about 2,900 entries), compared as dicts (C-level, identity first); only a namespace that differs is walked. Judged:
+an entry that is a routine or a descriptor (not data such as a lazily added __annotations__), replaced or deleted;
+on a class also one added where it shadows an inherited attribute (`Tensor.matmul = ...` shadows TensorBase's; a
+stand-in for a method torch removed shadows nothing).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterator
+
+import torch
+
+# An entry absent from a namespace (deleted, or added by the run).
+MISSING = object()
+
+
+def qualified(obj: Any) -> str:
+    """A callable as `module.qualname`; anything else as str()."""
+    if hasattr(obj, "__qualname__"):
+        return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
+    return str(obj)
+
+
+def _module_classes() -> list[type]:
+    """Every nn.Module class torch.nn.modules defines (private bases such as _ConvNd included), Module first."""
+    found: dict[type, None] = {torch.nn.Module: None}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.nn.modules"):
+            found.update({value: None for value in vars(module).values() if isinstance(value, type)
+                          and issubclass(value, torch.nn.Module) and value.__module__.startswith("torch.nn.modules")})
+    return list(found)
+
+
+def _public_name(cls: type) -> str:
+    """torch.nn.Linear where torch.nn exports the class, else its defining module's path."""
+    return f"torch.nn.{cls.__name__}" if getattr(torch.nn, cls.__name__, None) is cls else qualified(cls)
+
+
+# (name a message gives it, the namespace): modules first, then classes.
+NAMESPACES: tuple[tuple[str, Any], ...] = (
+    ("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
+    *((_public_name(cls), cls) for cls in _module_classes()))
+
+
+def callables() -> tuple[dict, ...]:
+    """A shallow copy of every namespace's __dict__, in NAMESPACES order."""
+    return tuple(dict(vars(namespace)) for _, namespace in NAMESPACES)
+
+
+def _same(was: dict, now: dict) -> bool:
+    try:
+        return was == now
+    except Exception:  # a value whose == does not give a bool (a tensor): walked entry by entry
+        return False
+
+
+def _judged(value: Any) -> bool:
+    return value is not MISSING and (callable(value) or hasattr(type(value), "__get__"))
+
+
+def _shadows(namespace: Any, key: str) -> bool:
+    return isinstance(namespace, type) and any(hasattr(base, key) for base in namespace.__mro__[1:])
+
+
+def changed_callables(before: tuple[dict, ...], now: tuple[dict, ...]) -> Iterator[tuple[str, Any, Any, Any, str]]:
+    """(namespace's name, namespace, its key, value before, value now) of every judged entry that changed."""
+    for (name, namespace), was, is_now in zip(NAMESPACES, before, now):
+        if _same(was, is_now):
+            continue
+        for key in was.keys() | is_now.keys():
+            old, new = was.get(key, MISSING), is_now.get(key, MISSING)
+            if old is not new and (_judged(old) or (_judged(new) and _shadows(namespace, key))):
+                yield name, namespace, old, new, key
+
+
+def callables_left(before: tuple[dict, ...], now: tuple[dict, ...]) -> str | None:
+    """'left torch.nn.Linear.forward replaced by m.f, torch.Tensor.matmul set to m.g (inherited before)'."""
+    changed = [f"{name}.{key} " + ("deleted" if new is MISSING else
+                                   f"set to {qualified(new)} (inherited before)" if old is MISSING else
+                                   f"replaced by {qualified(new)}")
+               for name, _, old, new, key in sorted(changed_callables(before, now), key=lambda c: (c[0], c[4]))]
+    return f"left {', '.join(changed)}" if changed else None
+
+
+def set_callables(before: tuple[dict, ...]) -> None:
+    """Put back every judged entry that changed: the value it had, or none where the run added it."""
+    for _, namespace, old, _, key in list(changed_callables(before, callables())):
+        if old is MISSING:
+            delattr(namespace, key)
+        else:
+            setattr(namespace, key, old)
+
+
+def function_modes() -> tuple:
+    """The torch-function mode stack, bottom first (torch.set_default_device's DeviceContext is one)."""
+    return tuple(torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack()))
+
+
+def dispatch_modes() -> tuple:
+    """The dispatch mode stack, bottom first: the infra modes (fake, proxy, functional) torch keeps below the user's."""
+    return tuple(torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack()))
+
+
+def _kept_depth(before: tuple, now: tuple) -> int:
+    """How many modes at the bottom of the stack are the same objects as before."""
+    depth = 0
+    while depth < min(len(before), len(now)) and before[depth] is now[depth]:
+        depth += 1
+    return depth
+
+
+def stack_left(name: str):
+    """(before, now) -> 'left the torch-function mode stack: m.Mode entered, never exited', None where unchanged."""
+    def left(before: tuple, now: tuple) -> str | None:
+        depth = _kept_depth(before, now)
+        changed = ([f"{qualified(type(mode))} entered, never exited" for mode in now[depth:]]
+                   + [f"{qualified(type(mode))} exited (entered before the run)" for mode in before[depth:]])
+        return f"left the {name} mode stack: {', '.join(changed)}" if changed else None
+    return left
+
+
+def set_function_modes(before: tuple) -> None:
+    """Pop the modes above the part of the stack that is as before, then push back what the run popped."""
+    depth = _kept_depth(before, function_modes())
+    while torch._C._len_torch_function_stack() > depth:
+        torch._C._pop_torch_function_stack()
+    for mode in before[depth:]:
+        torch._C._push_on_torch_function_stack(mode)
+
+
+def set_dispatch_modes(before: tuple) -> None:
+    """As set_function_modes; an infra mode (it has a mode key) goes back to its slot, not onto the user stack."""
+    depth = _kept_depth(before, dispatch_modes())
+    while torch._C._len_torch_dispatch_stack() > depth:
+        torch._C._pop_torch_dispatch_stack(None)
+    for mode in before[depth:]:
+        if getattr(mode, "_mode_key", None) is not None:
+            torch._C._set_dispatch_mode(mode)
+        else:
+            torch._C._push_on_torch_dispatch_stack(mode)
