@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo.mutation_guard
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,6 +87,32 @@ def test_a_mode_the_run_exited_is_entered_again_and_data_is_not_judged():
         assert torch._C._get_function_stack_at(0) is outer
     assert hasattr(torch.Tensor, "removed_method_stand_in") and "__annotations__" in vars(torch.nn.Identity)
     del torch.Tensor.removed_method_stand_in, torch.nn.Identity.__annotations__
+
+
+IMPORT_TIME_PATCH = """\
+import torch
+
+def extra_repr(self):
+    return "patched as the library loads"
+
+torch.nn.Linear.extra_repr = extra_repr
+"""
+
+
+def test_a_library_patching_torch_as_it_loads_is_the_environment(tmp_path, monkeypatch):
+    """Imported in the run, a library's import-time patch (TE's Module.float, lightning's torch.compile wrapper) is
+    neither judged nor undone: it happens once per process, in whichever run first imports the library; so is
+    dynamo's patch of Module.__init__ at the first torch.compile (installed before any snapshot)."""
+    (tmp_path / "patches_as_it_loads.py").write_text(IMPORT_TIME_PATCH)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    original = torch.nn.Linear.extra_repr
+    try:
+        with process_state.kept() as found:
+            import patches_as_it_loads
+            torch._dynamo.mutation_guard.install_generation_tagging_init()
+        assert found.messages == [] and torch.nn.Linear.extra_repr is patches_as_it_loads.extra_repr
+    finally:
+        torch.nn.Linear.extra_repr = original
 
 
 def _verdicts(case: CaseRun) -> list[Verdict]:

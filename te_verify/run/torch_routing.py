@@ -9,14 +9,16 @@ Read cheaply: a mode stack is a tuple of its modes; the callables are one shallo
 (about 2,900 entries), compared as dicts (C-level, identity first); only a namespace that differs is walked. Judged:
 an entry that is a routine or a descriptor (not data such as a lazily added __annotations__), replaced or deleted;
 on a class also one added where it shadows an inherited attribute (`Tensor.matmul = ...` shadows TensorBase's; a
-stand-in for a method torch removed shadows nothing).
+stand-in for a method torch removed shadows nothing). Not judged: a library's patch as it loads (a module the run
+imported defines the new value), and dynamo's one-time patch of Module.__init__, installed before any snapshot.
 """
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
+from torch._dynamo.mutation_guard import install_generation_tagging_init
 
 # An entry absent from a namespace (deleted, or added by the run).
 MISSING = object()
@@ -44,15 +46,27 @@ def _public_name(cls: type) -> str:
     return f"torch.nn.{cls.__name__}" if getattr(torch.nn, cls.__name__, None) is cls else qualified(cls)
 
 
+# torch.compile's first call patches Module.__init__ and __setstate__ for the process (dynamo's generation tagging);
+# installed here, before any snapshot, so no run is blamed for torch's own one-time patch nor has it undone.
+install_generation_tagging_init()
+
 # (name a message gives it, the namespace): modules first, then classes.
 NAMESPACES: tuple[tuple[str, Any], ...] = (
     ("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
     *((_public_name(cls), cls) for cls in _module_classes()))
 
 
-def callables() -> tuple[dict, ...]:
-    """A shallow copy of every namespace's __dict__, in NAMESPACES order."""
-    return tuple(dict(vars(namespace)) for _, namespace in NAMESPACES)
+class Callables(NamedTuple):
+    """torch's callables at one moment."""
+
+    # A shallow copy of every namespace's __dict__, in NAMESPACES order.
+    namespaces: tuple[dict, ...]
+    # The modules loaded (what the run imported: a library's import-time patches are not the run's).
+    modules: frozenset[str]
+
+
+def callables() -> Callables:
+    return Callables(tuple(dict(vars(namespace)) for _, namespace in NAMESPACES), frozenset(sys.modules))
 
 
 def _same(was: dict, now: dict) -> bool:
@@ -70,18 +84,35 @@ def _shadows(namespace: Any, key: str) -> bool:
     return isinstance(namespace, type) and any(hasattr(base, key) for base in namespace.__mro__[1:])
 
 
-def changed_callables(before: tuple[dict, ...], now: tuple[dict, ...]) -> Iterator[tuple[str, Any, Any, Any, str]]:
-    """(namespace's name, namespace, its key, value before, value now) of every judged entry that changed."""
-    for (name, namespace), was, is_now in zip(NAMESPACES, before, now):
+def _source_file(value: Any) -> str | None:
+    code = getattr(value, "__code__", None) or getattr(getattr(value, "__func__", None), "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _imported(before: Callables, now: Callables) -> set[str]:
+    """The files of the modules the run loaded."""
+    return {getattr(sys.modules.get(name), "__file__", None) for name in now.modules - before.modules} - {None}
+
+
+def changed_callables(before: Callables, now: Callables) -> Iterator[tuple[str, Any, Any, Any, str]]:
+    """(namespace's name, namespace, value before, value now, its key) of every judged entry that changed, except
+    where a module the run loaded defines the new value: that library patches torch as it loads (TE's
+    Module.float, lightning's torch.compile wrapper), once per process, in whichever run first imports it, and
+    would not patch again if undone."""
+    imported: set[str] | None = None
+    for (name, namespace), was, is_now in zip(NAMESPACES, before.namespaces, now.namespaces):
         if _same(was, is_now):
             continue
         for key in was.keys() | is_now.keys():
             old, new = was.get(key, MISSING), is_now.get(key, MISSING)
-            if old is not new and (_judged(old) or (_judged(new) and _shadows(namespace, key))):
+            if old is new or not (_judged(old) or (_judged(new) and _shadows(namespace, key))):
+                continue
+            imported = _imported(before, now) if imported is None else imported
+            if _source_file(new) not in imported:
                 yield name, namespace, old, new, key
 
 
-def callables_left(before: tuple[dict, ...], now: tuple[dict, ...]) -> str | None:
+def callables_left(before: Callables, now: Callables) -> str | None:
     """'left torch.nn.Linear.forward replaced by m.f, torch.Tensor.matmul set to m.g (inherited before)'."""
     changed = [f"{name}.{key} " + ("deleted" if new is MISSING else
                                    f"set to {qualified(new)} (inherited before)" if old is MISSING else
@@ -90,7 +121,7 @@ def callables_left(before: tuple[dict, ...], now: tuple[dict, ...]) -> str | Non
     return f"left {', '.join(changed)}" if changed else None
 
 
-def set_callables(before: tuple[dict, ...]) -> None:
+def set_callables(before: Callables) -> None:
     """Put back every judged entry that changed: the value it had, or none where the run added it."""
     for _, namespace, old, _, key in list(changed_callables(before, callables())):
         if old is MISSING:
