@@ -61,12 +61,13 @@ class Callables(NamedTuple):
 
     # A shallow copy of every namespace's __dict__, in NAMESPACES order.
     namespaces: tuple[dict, ...]
-    # The modules loaded (what the run imported: a library's import-time patches are not the run's).
-    modules: frozenset[str]
+    # How many modules were loaded: sys.modules keeps the order modules were first imported in, so those past this
+    # count are the ones the run imported (a library's import-time patches are not the run's).
+    modules: int
 
 
 def callables() -> Callables:
-    return Callables(tuple(dict(vars(namespace)) for _, namespace in NAMESPACES), frozenset(sys.modules))
+    return Callables(tuple(dict(vars(namespace)) for _, namespace in NAMESPACES), len(sys.modules))
 
 
 def _same(was: dict, now: dict) -> bool:
@@ -89,9 +90,9 @@ def _source_file(value: Any) -> str | None:
     return code.co_filename if code is not None else None
 
 
-def _imported(before: Callables, now: Callables) -> set[str]:
+def _imported(before: Callables) -> set[str]:
     """The files of the modules the run loaded."""
-    return {getattr(sys.modules.get(name), "__file__", None) for name in now.modules - before.modules} - {None}
+    return {getattr(module, "__file__", None) for module in list(sys.modules.values())[before.modules:]} - {None}
 
 
 def changed_callables(before: Callables, now: Callables) -> Iterator[tuple[str, Any, Any, Any, str]]:
@@ -107,7 +108,7 @@ def changed_callables(before: Callables, now: Callables) -> Iterator[tuple[str, 
             old, new = was.get(key, MISSING), is_now.get(key, MISSING)
             if old is new or not (_judged(old) or (_judged(new) and _shadows(namespace, key))):
                 continue
-            imported = _imported(before, now) if imported is None else imported
+            imported = _imported(before) if imported is None else imported
             if _source_file(new) not in imported:
                 yield name, namespace, old, new, key
 
