@@ -14,6 +14,7 @@ imported defines the new value), and dynamo's one-time patch of Module.__init__,
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Iterator, NamedTuple
 
@@ -95,6 +96,12 @@ def _imported(before: Callables) -> set[str]:
     return {getattr(module, "__file__", None) for module in list(sys.modules.values())[before.modules:]} - {None}
 
 
+def _loaded_from(source: str | None, files: set[str]) -> bool:
+    """Whether `source` (a code object's file: relative where te_verify.te.tecpu compiled TE's rewritten source) is one
+    of `files`."""
+    return source is not None and any(path == source or path.endswith(os.sep + source) for path in files)
+
+
 def changed_callables(before: Callables, now: Callables) -> Iterator[tuple[str, Any, Any, Any, str]]:
     """(namespace's name, namespace, value before, value now, its key) of every judged entry that changed, except
     where a module the run loaded defines the new value: that library patches torch as it loads (TE's
@@ -109,7 +116,7 @@ def changed_callables(before: Callables, now: Callables) -> Iterator[tuple[str, 
             if old is new or not (_judged(old) or (_judged(new) and _shadows(namespace, key))):
                 continue
             imported = _imported(before) if imported is None else imported
-            if _source_file(new) not in imported:
+            if not _loaded_from(_source_file(new), imported):
                 yield name, namespace, old, new, key
 
 
