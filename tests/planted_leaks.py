@@ -2,7 +2,8 @@
 PyTorch (or te_eager), correct in every value, except that it changes its setting whenever one of its forward outputs
 is freed and changes it back at the start of its next forward. Its own forwards and backward passes therefore run as
 eager's would, and only what it leaves after its last step differs: the leak of issue 25 (a backend that left grad
-mode disabled passed its own case; the next case failed, blamed on eager).
+mode disabled passed its own case; the next case failed, blamed on eager). The routing leaks at the end
+(tests/test_process_routing.py) are made in prepare() and skew the backend's own GEMMs too (issue 36, item 5).
 Usable as external backends (`--backend planted_leaks:LeavesGradModeOff`).
 """
 from __future__ import annotations
@@ -11,6 +12,8 @@ import weakref
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planted_backends import _Planted
 from te_verify.te import api as te_api
@@ -110,3 +113,62 @@ class LeavesFP8AutocastEntered(_LeavesSetting, TEEagerBackend):
         stack = TEEagerBackend.prepare(self, model, spec)
         stack.forward = self.leaky(stack.forward)  # the TE modules' own autocast region runs inside
         return stack
+
+
+# What torch routes a call through (te_verify.run.torch_routing), left changed by prepare(): from then on every run in
+# the process computes through it unless the harness pops the mode or puts the method back (issue 36, item 5).
+SKEW = 1 + 1e-3  # the planted kernels' error: every GEMM's output 1e-3 off
+SKEWED_FUNCTIONS = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
+SKEWED_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+class SkewedLinearMode(TorchFunctionMode):
+    """A tracer's torch-function mode routing F.linear and matmul through a kernel 1e-3 off."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * SKEW if func in SKEWED_FUNCTIONS else out
+
+
+class SkewedGemmDispatch(TorchDispatchMode):
+    """A dispatch mode routing aten's mm and addmm through a kernel 1e-3 off."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * SKEW if func in SKEWED_OPS else out
+
+
+class LeavesFunctionMode(_Planted):
+    """prepare() enters SkewedLinearMode and never exits it."""
+
+    name = "planted_leaves_function_mode"
+
+    def prepare(self, model, spec):
+        SkewedLinearMode().__enter__()
+        return model
+
+
+class LeavesDispatchMode(_Planted):
+    """prepare() enters SkewedGemmDispatch and never exits it."""
+
+    name = "planted_leaves_dispatch_mode"
+
+    def prepare(self, model, spec):
+        SkewedGemmDispatch().__enter__()
+        return model
+
+
+def skewed_forward(original: Callable) -> Callable:
+    def forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return original(module, x) * SKEW
+    return forward
+
+
+class PatchesLinearForward(_Planted):
+    """prepare() replaces torch.nn.Linear.forward on the class (1e-3 off) and never puts it back."""
+
+    name = "planted_patches_linear_forward"
+
+    def prepare(self, model, spec):
+        torch.nn.Linear.forward = skewed_forward(torch.nn.Linear.forward)
+        return model

@@ -135,6 +135,8 @@ SMALLEST: dict[str, Smallest] = {
         None, "tests/test_public_api.py runs the engine's cases"),
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),
     ".venv/bin/python scripts/bench_thunder.py": Smallest(None, "a benchmark"),
+    ".venv/bin/python scripts/bench_process_state.py": Smallest(
+        ".venv/bin/python scripts/bench_process_state.py --repeats 3", "three timed calls per figure (seconds)"),
     "pytest -n 2": Smallest(None, "named as the measurements' setting, not run as a command"),
     # docs/tiers.md
     "bash scripts/proofs.sh": Smallest(None, "the pr-tier proofs (minutes); the test command runs them at smoke"),

@@ -97,7 +97,7 @@ def test_each_setting_is_named_and_put_back(setting):
     with process_state.kept() as found:
         kept_alive = change()  # noqa: F841
     assert found.messages == expected
-    assert found.compared == sum(s.judged for s in process_state.SETTINGS) == 12
+    assert found.compared == sum(s.judged for s in process_state.SETTINGS) == 14
     assert process_state.restore(before).messages == [], "restored"
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     assert torch.get_float32_matmul_precision() == "highest"  # readable again: no mix of legacy and per-backend left
@@ -207,7 +207,7 @@ class ChangesSettingsInside:
 def test_settings_changed_and_put_back_inside_the_forward_pass():
     backend = ChangesSettingsInside()
     verdicts = CaseRun(SPEC, backend.name, backend).verify()
-    assert next(v for v in verdicts if v.check == "process_state").figures == {"process_settings_compared": 12}
+    assert next(v for v in verdicts if v.check == "process_state").figures == {"process_settings_compared": 14}
 
 
 @pytest.mark.skipif(not te_api.te_installed(), reason="transformer_engine is not installed")

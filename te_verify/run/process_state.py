@@ -8,9 +8,11 @@ after it, restores whatever changed and names it; `watched(record, spec)` does s
 Judged: grad, inference and anomaly mode; the default dtype and device; deterministic algorithms; the intra-op
 thread count (the inter-op count cannot change once work has run: torch raises); float32 precision (the legacy
 matmul precision and the per-backend fp32_precision table); autocast (nesting, CPU and CUDA enabled and dtype, the
-cast cache); cuDNN/mkldnn/cuBLAS flags; torch.nn.functional's functions; TE's FP8 autocast state (TE's
-FP8GlobalStateManager and te_verify.te.reference's, not the amax/scale buffers fresh_case resets). Restored but not
-judged: the global RNG (CPU, and CUDA once initialised), which every run may draw from.
+cast cache); cuDNN/mkldnn/cuBLAS flags; the torch-function and dispatch mode stacks and torch's callables (the
+`torch` namespace, torch.nn.functional, the methods of torch.Tensor and of torch.nn's module classes:
+te_verify.run.torch_routing); TE's FP8 autocast state (TE's FP8GlobalStateManager and te_verify.te.reference's, not
+the amax/scale buffers fresh_case resets). Restored but not judged: the global RNG (CPU, and CUDA once
+initialised), which every run may draw from.
 """
 from __future__ import annotations
 
@@ -20,17 +22,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from te_verify.run.isolation import FUNCTIONAL, fp8_autocast_state, fp8_unset, fresh_case, set_fp8_autocast_state
+from te_verify.run import torch_routing as routing
+from te_verify.run.isolation import fp8_autocast_state, fp8_unset, fresh_case, set_fp8_autocast_state
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value)
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
-    return str(value)
+    return repr(value) if isinstance(value, str) else routing.qualified(value) if callable(value) else str(value)
 
 
 def _switch(name: str) -> Callable[[Any, Any], str | None]:
@@ -159,22 +158,6 @@ def _set_flags(parts: dict) -> None:
             setattr(module, attr, value)
 
 
-def _functional() -> dict:
-    return {name: getattr(torch.nn.functional, name, None) for name in FUNCTIONAL}
-
-
-def _functional_left(before: dict, now: dict) -> str | None:
-    changed = [f"torch.nn.functional.{name} replaced by {_show(fn)}" for name, fn in now.items()
-               if fn is not before[name]]
-    return f"left {', '.join(changed)}" if changed else None
-
-
-def _set_functional(functions: dict) -> None:
-    for name, fn in functions.items():
-        if getattr(torch.nn.functional, name, None) is not fn:
-            setattr(torch.nn.functional, name, fn)
-
-
 def _rng() -> dict:
     return {"cpu": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
@@ -186,7 +169,8 @@ def _set_rng(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-# Restored in this order: inference mode before grad mode (leaving inference mode also switches grad mode back).
+# Restored in this order: inference mode before grad mode (leaving inference mode also switches grad mode back); the
+# default device before the mode stacks (torch.set_default_device keeps its device on the torch-function stack).
 SETTINGS = (
     Setting("inference mode", torch.is_inference_mode_enabled, _set_inference_mode, _switch("inference mode")),
     Setting("grad mode", torch.is_grad_enabled, torch._C._set_grad_enabled, _switch("grad mode")),
@@ -202,7 +186,10 @@ SETTINGS = (
     Setting("autocast", _autocast, _set_autocast, _parts("autocast")),
     Setting("backend flags", lambda: {name: getattr(m, a) for name, (m, a) in FLAGS.items()}, _set_flags,
             _parts("backend flags")),
-    Setting("torch.nn.functional", _functional, _set_functional, _functional_left),
+    Setting("torch-function modes", routing.function_modes, routing.set_function_modes,
+            routing.stack_left("torch-function")),
+    Setting("dispatch modes", routing.dispatch_modes, routing.set_dispatch_modes, routing.stack_left("dispatch")),
+    Setting("torch's callables", routing.callables, routing.set_callables, routing.callables_left),
     Setting("FP8 autocast state", fp8_autocast_state, set_fp8_autocast_state, _parts("FP8 autocast state", fp8_unset)),
     Setting("global RNG", _rng, _set_rng, lambda before, now: None, judged=False),
 )
