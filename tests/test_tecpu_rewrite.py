@@ -75,6 +75,18 @@ def test_r6_device_current_device_keyword_becomes_cpu() -> None:
     assert rules(sites) == [(1, "R6"), (2, "R1")], f"R6 sites: {sites}"
 
 
+def test_r6_reaches_current_device_inside_the_device_keyword() -> None:
+    """TE's quantized_tensor.py (QuantizedTensor.__new__): `device=torch.cuda.current_device() if device is None
+    else device`; a tensor made without a device must land on the emulated device, one made with one keeps it."""
+    scope, sites = run("""
+        def make(device=None):
+            return torch.zeros(1, device=torch.cuda.current_device() if device is None else device)
+        a, b = make(), make("meta")
+    """)
+    assert (scope["a"].device.type, scope["b"].device.type) == ("cpu", "meta"), f"R6: {scope['a'].device}, {scope['b'].device}"
+    assert rules(sites) == [(3, "R6")], f"R6 sites: {sites}"
+
+
 def test_r7_cuda_parameter_defaults_become_cpu() -> None:
     scope, sites = run("def f(a, device='cuda', *, other='cuda:0'):\n    return device, other\n")
     assert scope["f"](1) == ("cpu", "cpu"), f"R7: {scope['f'](1)}"

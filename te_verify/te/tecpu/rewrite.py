@@ -10,7 +10,9 @@ module from its own source after these rewrites, which therefore hold exactly in
   R3 `x.cuda(...)`                     -> `x`, checked to be on the emulated device
   R4 `"cuda"` / `"cuda:N"` as a call argument or compared with ==/!= -> `"cpu"`
   R5 `torch.device("cuda", i)`         -> `torch.device("cpu")` (a CPU device has no index)
-  R6 `device=torch.cuda.current_device()` -> `device="cpu"` (elsewhere current_device() is 0)
+  R6 `device=torch.cuda.current_device()` -> `device="cpu"`, also inside the keyword's expression
+     (`device=torch.cuda.current_device() if device is None else device`, quantized_tensor.py); elsewhere
+     current_device() is 0
   R7 a parameter default `"cuda"` (`def __init__(..., device="cuda")`) -> `"cpu"`
   R8 `torch.cuda.current_device()` passed positionally to a function of the same module whose parameter at that
      position is `device` (TE 2.20's nvfp4_tensor.py: get_rht_matrix(flag, torch.cuda.current_device())) -> `"cpu"`
@@ -122,8 +124,8 @@ class CudaRewriter(ast.NodeTransformer):
         for kw in node.keywords:
             if _is_cuda_string(kw.value):
                 kw.value = self._cpu(kw.value, "R4 'cuda' argument")
-            elif kw.arg == "device" and _is_current_device_call(kw.value):
-                kw.value = self._cpu(kw.value, "R6 device=torch.cuda.current_device()")
+            elif kw.arg == "device":
+                kw.value = _DeviceKeyword(self).visit(kw.value)
         return self.generic_visit(node)
 
     def visit_arguments(self, node: ast.arguments) -> ast.AST:
@@ -149,6 +151,18 @@ class CudaRewriter(ast.NodeTransformer):
             self._note(node, "R2 x.is_cuda")
             target = self.visit(node.value)
             return ast.copy_location(ast.Call(_shim("on_emulated_device"), [target], []), node)
+        return self.generic_visit(node)
+
+
+class _DeviceKeyword(ast.NodeTransformer):
+    """R6 within one `device=` keyword's value: each torch.cuda.current_device() call in it becomes "cpu"."""
+
+    def __init__(self, outer: CudaRewriter) -> None:
+        self.outer = outer
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if _is_current_device_call(node):
+            return self.outer._cpu(node, "R6 device=torch.cuda.current_device()")
         return self.generic_visit(node)
 
 
