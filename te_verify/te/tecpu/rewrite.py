@@ -21,6 +21,9 @@ module from its own source after these rewrites, which therefore hold exactly in
   R10 `torch.is_autocast_enabled()`     -> `torch.is_autocast_enabled("cpu")`: without an argument torch (>= 2.4)
                                           reads CUDA's autocast, which on the emulated device is the CPU's (TE's
                                           modules take their activation dtype from it, module/base.py)
+  R11 `x.is_cpu`                       -> false for `x` on the emulated device: it is TE's accelerator, so TE's
+                                          CPU fallbacks (float8_tensor_storage.py's dequantize) must not run where a
+                                          GPU would call tex
 
 Line numbers are kept, so tracebacks and call sites name TE's real file:line. Every rewrite is recorded.
 """
@@ -92,7 +95,7 @@ def _is_torch_version_cuda(node: ast.AST) -> bool:
 
 
 class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R10 to one module's tree, appending to `sites`."""
+    """Applies R1-R11 to one module's tree, appending to `sites`."""
 
     def __init__(self, filename: str, sites: list[tuple[str, int, str]],
                  device_positions: dict[str, int] | None = None) -> None:
@@ -151,6 +154,10 @@ class CudaRewriter(ast.NodeTransformer):
             self._note(node, "R2 x.is_cuda")
             target = self.visit(node.value)
             return ast.copy_location(ast.Call(_shim("on_emulated_device"), [target], []), node)
+        if isinstance(node.ctx, ast.Load) and node.attr == "is_cpu":
+            self._note(node, "R11 x.is_cpu")
+            target = self.visit(node.value)
+            return ast.copy_location(ast.Call(_shim("off_emulated_device"), [target], []), node)
         return self.generic_visit(node)
 
 
