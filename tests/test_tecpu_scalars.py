@@ -1,4 +1,4 @@
-"""0-D (scalar) tensors through TE's own quantizers over the tex emulation, at the default emulated sm90 (columnwise
+"""0-D (scalar) tensors (and tex.create_empty_quantized_tensor) through TE's own quantizers over the tex emulation, at the default emulated sm90 (columnwise
 usage makes a transposed copy). TE's C++ reads a 0-D shape as 1x1 (csrc/common.cpp get_2d_dims) and keeps the
 transposed copy 0-D (quantizer.cpp make_transpose_shape), so a scalar is one element with one scale, in both copies,
 and dequantizes to a 0-D tensor of the requested dtype. Expected bytes from the recipes' definitions, by hand:
@@ -79,3 +79,16 @@ def test_block_scaling_scalar_with_columnwise_copy(te, dtype: torch.dtype, block
     for name in ("_rowwise_scale_inv", "_columnwise_scale_inv"):
         assert float(getattr(qx, name).reshape(-1)[0]) == 2.0 ** -9, f"{name}: {getattr(qx, name)}"
     assert_scalar(qx.dequantize(dtype=dtype), 0.75, dtype, "dequantized")
+
+
+def test_make_empty_allocates_through_tex_as_create_tensor_does(te) -> None:
+    """QuantizedTensor.make_empty calls tex.create_empty_quantized_tensor (TE >= 2.16): the quantizer's own buffers,
+    a scalar's 0-D, and the tensor class (not the storage) for a quantizer that is not internal."""
+    q = te.delayed(torch.tensor([4.0]), torch.tensor([0.0]), te.E4M3, rowwise=True, columnwise=True)
+    empty = q.make_empty([], dtype=torch.bfloat16, device="cpu")
+    assert type(empty).__name__ == "Float8Tensor" and empty.dtype == torch.bfloat16, f"{type(empty)} {empty.dtype}"
+    assert empty._data.shape == torch.Size([]) and empty._transpose.shape == torch.Size([]), "0-D buffers"
+    assert float(empty._scale_inv) == 0.25, f"scale_inv {empty._scale_inv}: create_tensor takes 1 / scale"
+    block = te.block(te.E4M3, rowwise=True, columnwise=True, block_scaling_dim=1).make_empty([3, 256], device="cpu")
+    assert (tuple(block._rowwise_data.shape), tuple(block._columnwise_data.shape)) == ((3, 256), (256, 3)), \
+        f"block buffers {block._rowwise_data.shape}, {block._columnwise_data.shape}"

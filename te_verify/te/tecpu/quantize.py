@@ -148,6 +148,17 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag
     return output
 
 
+def create_empty_quantized_tensor(quantizer: Any, shape: list[int], dtype: torch.dtype, device: torch.device,
+                                  pin_memory: bool) -> Any:
+    """tex.create_empty_quantized_tensor (cast.cpp): the quantizer's create_tensor, buffers uninitialised."""
+    if pin_memory:
+        refuse("pinned host memory for a quantized tensor")
+    kind, ref = _kind(quantizer), torch.empty(0, device=device)
+    if kind in block_storage.BLOCK_KINDS:
+        return block_storage.allocate(kind, quantizer, tuple(shape), dtype, ref)
+    return _allocate(quantizer, tuple(shape), dtype, ref)
+
+
 def split_quantize(tensor: torch.Tensor, split_sections: list[int], quantizer_list: list,
                    disable_bulk_allocation: bool = False) -> list[Any]:
     """tex.split_quantize: dim-0 chunks of `tensor`, each quantized by its quantizer (the per-tensor FP8 path of

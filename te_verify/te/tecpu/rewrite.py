@@ -173,9 +173,12 @@ class _DeviceKeyword(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-def rewrite_source(source: str, filename: str, sites: list[tuple[str, int, str]]) -> types.CodeType:
-    """Compile TE source with the CUDA touch points rewritten (line numbers preserved)."""
+def rewrite_source(source: str, filename: str, sites: list[tuple[str, int, str]],
+                   first: ast.NodeTransformer | None = None) -> types.CodeType:
+    """Compile TE source with the CUDA touch points rewritten (line numbers preserved); `first`, if given, rewrites
+    the tree before the rules do (scripts/te_own_tests_shim.py, for TE's test files)."""
     tree = ast.parse(source, filename)
+    tree = first.visit(tree) if first is not None else tree
     tree = CudaRewriter(filename, sites, _device_positions(tree)).visit(tree)
     return compile(ast.fix_missing_locations(tree), filename, "exec", dont_inherit=True)
 
