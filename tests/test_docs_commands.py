@@ -111,6 +111,9 @@ SMALLEST: dict[str, Smallest] = {
         None, "boots TE's Python (seconds); the TE lane's BitFit cases hold the same gap"),
     "python scripts/upstream/te_backward_dw_frozen_bias_grad.py --cpu": Smallest(
         None, "boots TE's Python (seconds); the te_delayed and te_contract split-mask cases hold the same gap"),
+    ".venv/bin/python scripts/te_own_tests.py --tests /tmp/te-tests/tests/pytorch --out /tmp/te-own --by-cause "
+    "test_quantized_tensor.py": Smallest(".venv/bin/python scripts/te_own_tests.py --help",
+                                         "run, it needs TE's repository fetched and takes minutes per file"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
     # docs/versions.md

@@ -1,4 +1,4 @@
-"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R10 rewrites what it
+"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R11 rewrites what it
 should, records (file, line, rule), keeps line numbers, and leaves other code alone; the finder serves only
 `transformer_engine.*`; the version gate and the surface loader fail with one-line messages."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ def run(source: str) -> tuple[dict, list[tuple[str, int, str]]]:
     code = rewrite.rewrite_source(textwrap.dedent(source), FILE, sites)
     shim = types.SimpleNamespace(cuda=types.SimpleNamespace(marker="fake-cuda", current_device=lambda: 0),
                                  on_emulated_device=lambda t: ("on_emulated_device", t),
+                                 off_emulated_device=lambda t: ("off_emulated_device", t),
                                  to_emulated_device=lambda t: ("to_emulated_device", t), cuda_version="12.9-emulated")
     scope = {"torch": torch, rewrite.SHIM_NAME: shim}
     exec(code, scope)
@@ -75,6 +76,18 @@ def test_r6_device_current_device_keyword_becomes_cpu() -> None:
     assert rules(sites) == [(1, "R6"), (2, "R1")], f"R6 sites: {sites}"
 
 
+def test_r6_reaches_current_device_inside_the_device_keyword() -> None:
+    """TE's quantized_tensor.py (QuantizedTensor.__new__): `device=torch.cuda.current_device() if device is None
+    else device`; a tensor made without a device must land on the emulated device, one made with one keeps it."""
+    scope, sites = run("""
+        def make(device=None):
+            return torch.zeros(1, device=torch.cuda.current_device() if device is None else device)
+        a, b = make(), make("meta")
+    """)
+    assert (scope["a"].device.type, scope["b"].device.type) == ("cpu", "meta"), f"R6: {scope['a'].device}, {scope['b'].device}"
+    assert rules(sites) == [(3, "R6")], f"R6 sites: {sites}"
+
+
 def test_r7_cuda_parameter_defaults_become_cpu() -> None:
     scope, sites = run("def f(a, device='cuda', *, other='cuda:0'):\n    return device, other\n")
     assert scope["f"](1) == ("cpu", "cpu"), f"R7: {scope['f'](1)}"
@@ -108,6 +121,14 @@ def test_r10_argumentless_is_autocast_enabled_reads_the_emulated_devices_autocas
                        "    b = torch.is_autocast_enabled()\nc = torch.is_autocast_enabled('cpu')\n")
     assert (scope["a"], scope["b"], scope["c"]) == (False, True, False), f"R10: {scope}"
     assert rules(sites) == [(1, "R10"), (3, "R10")], f"R10 sites: {sites}"
+
+
+def test_r11_is_cpu_becomes_off_emulated_device_check() -> None:
+    """TE's Float8 dequantize has a CPU fallback (`if tensor._data.is_cpu`) a GPU never takes; on the emulated
+    device it must not either, or tex.dequantize goes untested."""
+    scope, sites = run("t = 5\nflag = t.is_cpu\n")
+    assert scope["flag"] == ("off_emulated_device", 5), f"R11: {scope['flag']}"
+    assert rules(sites) == [(2, "R11")], f"R11 sites: {sites}"
 
 
 def test_line_numbers_are_kept() -> None:

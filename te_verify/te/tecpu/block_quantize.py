@@ -138,7 +138,8 @@ def dequantize(t: Any, otype: torch.dtype) -> torch.Tensor:
 
 
 def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(the operand's logical 2-D matrix with its block scales applied, fp32; its per-tensor factor; its kind) from
+    """(the operand's logical 2-D matrix with its block scales applied, fp32; its per-tensor factor, for NVFP4 its
+    amax (gemm.product builds cuBLAS's alpha from both amaxes); its kind) from
     the copy the GEMM reads: rowwise for A transposed / B not transposed, else columnwise (gemm.cpp
     swizzle_scales_for_gemm(A, transa, !transa), (B, !transb, transb))."""
     kind = kind_of(t)
@@ -152,7 +153,7 @@ def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, to
     if kind == "NVFP4Quantizer":
         data, scales, amax = _nvfp4_products(t, columnwise=not use_rowwise)
         products = nvfp4.block_products(data, scales)
-        return (products if use_rowwise else products.t()), nvfp4.per_tensor_factor(amax), kind
+        return (products if use_rowwise else products.t()), amax.float().reshape(()), kind
     return _block_values(t, use_rowwise), one, kind
 
 

@@ -35,7 +35,18 @@ Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def dims2(shape: tuple[int, ...]) -> tuple[int, int]:
-    return math.prod(shape[:-1]), shape[-1]
+    """get_2d_dims (csrc/common.cpp): all but the last dim flattened; a 0-D shape is 1x1."""
+    return math.prod(shape[:-1]), (shape[-1] if shape else 1)
+
+
+def transpose_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """make_transpose_shape (csrc/quantizer.cpp): the last dim first; a 0-D shape stays 0-D."""
+    return (shape[-1], *shape[:-1]) if shape else shape
+
+
+def untranspose_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The logical shape of a transposed (last-dim-first) copy."""
+    return (*shape[1:], shape[0]) if shape else shape
 
 
 def check_dims(kind: str, shape: tuple[int, ...]) -> None:
@@ -79,7 +90,7 @@ def specs(kind: str, q: Any, shape: tuple[int, ...]) -> tuple[Specs, Specs]:
                 {"_columnwise_data": (shape, u8), "_columnwise_scale_inv": (col_scale, u8)})
     if kind == "Float8BlockQuantizer":
         return ({"_rowwise_data": (shape, u8), "_rowwise_scale_inv": (row_scale, f32)},
-                {"_columnwise_data": ((k, *shape[:-1]), u8), "_columnwise_scale_inv": (col_scale, f32)})
+                {"_columnwise_data": (transpose_shape(shape), u8), "_columnwise_scale_inv": (col_scale, f32)})
     return ({"_rowwise_data": ((*shape[:-1], k // 2), u8), "_rowwise_scale_inv": (row_scale, u8),
              "_amax_rowwise": ((1,), f32)},
             {"_columnwise_data": ((k, m // 2), u8), "_columnwise_scale_inv": (col_scale, u8),
@@ -126,7 +137,7 @@ def logical_shape(kind: str, out: Any) -> tuple[int, ...]:
         return shape
     if kind == "NVFP4Quantizer":
         return (shape[1] * 2, shape[0])
-    return (*shape[1:], shape[0])
+    return untranspose_shape(shape)
 
 
 def coerce(kind: str, q: Any, out: Any) -> tuple[int, ...]:

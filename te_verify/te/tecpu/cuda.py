@@ -120,6 +120,11 @@ def on_emulated_device(t: Any) -> bool:
     return device is not None and device.type == "cpu"
 
 
+def off_emulated_device(t: Any) -> bool:
+    """Rule R11: `t.is_cpu` in TE's code is false for tensors on the emulated device (the accelerator)."""
+    return not on_emulated_device(t)
+
+
 def to_emulated_device(t: torch.Tensor) -> torch.Tensor:
     """Rule R3: `t.cuda()` in TE's code; the tensor must already be on the emulated device."""
     if not on_emulated_device(t):
@@ -130,4 +135,5 @@ def to_emulated_device(t: torch.Tensor) -> torch.Tensor:
 def make_shim() -> types.SimpleNamespace:
     """The `__tecpu__` global of every rewritten TE module."""
     return types.SimpleNamespace(cuda=make_cuda(), on_emulated_device=on_emulated_device,
-                                 to_emulated_device=to_emulated_device, cuda_version=device.CUDA_VERSION)
+                                 off_emulated_device=off_emulated_device, to_emulated_device=to_emulated_device,
+                                 cuda_version=device.CUDA_VERSION)

@@ -8,8 +8,8 @@ leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 
 exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
 precision fast accumulation is not modelled. Block-scaled operands (MXFP8, FP8 block scaling, NVFP4) are read from
 the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
-block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (NVFP4's
-amax / (6 * 448); 1 for the others). Epilogues: bias add (forward), bias gradient = column sums of B
+block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8 and FP8 block scaling; for NVFP4
+cuBLAS's alpha as nvfp4.cu computes it from both amaxes, nvfp4.gemm_alpha). Epilogues: bias add (forward), bias gradient = column sums of B
 (grad=True); GELU and comm+GEMM overlap are refused.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from te_verify.te.tecpu import block_quantize, device
+from te_verify.te.tecpu import block_quantize, device, nvfp4
 from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import shape_of, te_class
@@ -103,7 +103,17 @@ def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.T
     opa = a.float().t() if transa else a.float()
     opb = b.float().t() if transb else b.float()
     result = opb @ opa
+    if a_format == "NVFP4Quantizer":
+        return result * nvfp4.gemm_alpha(a_si, b_si)
     return result * (a_si * b_si) if a_si is not None else result
+
+
+def operand_values(op: Operand) -> torch.Tensor:
+    """An operand's fp32 values with its per-tensor factor applied (the bias-gradient epilogue reads them)."""
+    values, factor, kind = op
+    if factor is None:
+        return values.float()
+    return values * (nvfp4.per_tensor_factor(factor) if kind == "NVFP4Quantizer" else factor)
 
 
 def _out_dtype(output_dtype: Any, A: Any) -> torch.dtype:
@@ -149,8 +159,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad = None
     if bias is not None and grad:
-        values = b_op[0] * b_op[1] if b_op[1] is not None else b_op[0].float()
-        bias_grad = values.sum(0).to(dtype)
+        bias_grad = operand_values(b_op).sum(0).to(dtype)
     elif bias is not None and bias.numel():
         result = result + bias.float()
     if quantizer is not None:
@@ -188,7 +197,7 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
         b_op = _operand(b, "B", transb)
         result = product(_operand(a, "A", transa), transa, b_op, transb)
         if bias[i].numel() and grad:
-            bias[i].copy_((b_op[0] * b_op[1] if b_op[1] is not None else b_op[0].float()).sum(0))
+            bias[i].copy_(operand_values(b_op).sum(0))
         elif bias[i].numel():
             result = result + bias[i].float()
         written = _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)

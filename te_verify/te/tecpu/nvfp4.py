@@ -34,6 +34,8 @@ MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 TIES_UP = torch.tensor([False, True, False, True, False, True, False])
 RCP_6 = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32)  # fp4_max_inv, an fp32 constant
 RCP_6_448 = torch.tensor(1.0 / (E2M1_MAX * E4M3_MAX), dtype=torch.float32)  # dequantize's factor_inv
+# nvfp4.cu factor_inv: 1.0f / (6 * 6 * 448 * 448), divided in fp32
+RCP_GEMM = torch.tensor(1.0) / torch.tensor(E2M1_MAX * E2M1_MAX * E4M3_MAX * E4M3_MAX, dtype=torch.float32)
 
 
 def _with_sign(magnitude_code: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -119,8 +121,16 @@ def block_products(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def per_tensor_factor(amax: torch.Tensor) -> torch.Tensor:
-    """amax / (6 * 448): a GEMM operand's per-tensor decode factor (the product of two is cuBLAS's alpha)."""
+    """amax / (6 * 448): one operand's per-tensor decode factor (its values alone, e.g. for a bias gradient)."""
     return amax.float().reshape(()) * RCP_6_448
+
+
+def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
+    """cuBLAS's alpha for an NVFP4 GEMM as common/recipe/nvfp4.cu (compute_nvfp4_per_tensor_scale_kernel) computes
+    it, left to right in fp32: 1 * amax_A * amax_B * (1 / (6 * 6 * 448 * 448)). Not the product of the two
+    operands' factors: that rounds three times and flips bf16 outputs (TE's NVFP4 module tests, dgrad in bf16)."""
+    one = torch.ones((), dtype=torch.float32, device=amax_a.device)
+    return one * amax_a.float().reshape(()) * amax_b.float().reshape(()) * RCP_GEMM
 
 
 def hadamard(x_t: torch.Tensor, rht_matrix: torch.Tensor) -> torch.Tensor:

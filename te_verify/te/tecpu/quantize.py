@@ -34,14 +34,10 @@ def fp8_torch_dtype(te_dtype: Any) -> torch.dtype:
     return FP8_DTYPES[name]
 
 
-def transpose_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """make_transpose_shape: the last dim first."""
-    return (shape[-1], *shape[:-1]) if shape else shape
-
-
 def _transposed(x: torch.Tensor) -> torch.Tensor:
-    """The columnwise ("transpose") layout TE stores on TN-only devices."""
-    return x.reshape(-1, x.shape[-1]).t().contiguous().reshape(transpose_shape(tuple(x.shape)))
+    """The columnwise ("transpose") layout TE stores on TN-only devices (a 0-D tensor is its own, as a 1x1)."""
+    shape = tuple(x.shape)
+    return x.reshape(block_storage.dims2(shape)).t().contiguous().reshape(block_storage.transpose_shape(shape))
 
 
 def _kind(quantizer: Any) -> str:
@@ -75,7 +71,8 @@ def _allocate(q: Any, shape: tuple[int, ...], fake_dtype: torch.dtype, ref: torc
     with_data = q.rowwise_usage or non_tn
     with_transpose = q.columnwise_usage and not non_tn
     data = torch.empty(shape, dtype=torch.uint8, device=ref.device) if with_data else None
-    transpose = torch.empty(transpose_shape(shape), dtype=torch.uint8, device=ref.device) if with_transpose else None
+    transpose = torch.empty(block_storage.transpose_shape(shape), dtype=torch.uint8, device=ref.device) \
+        if with_transpose else None
     if _kind(q) == "Float8Quantizer":
         scale_inv = torch.reciprocal(q.scale).reshape(1).to(torch.float32)
     else:
@@ -94,12 +91,13 @@ def _coerce(q: Any, out: Any) -> None:
     need_data, need_transpose = q.rowwise_usage or non_tn, q.columnwise_usage and not non_tn
     if out._data is None and out._transpose is None:
         raise RuntimeError("Float8Tensor has no data.")
-    shape = tuple(out._data.shape) if out._data is not None else (*out._transpose.shape[1:], out._transpose.shape[0])
     ref = out._data if out._data is not None else out._transpose
+    shape = tuple(ref.shape) if out._data is not None else block_storage.untranspose_shape(tuple(ref.shape))
     if need_data != (out._data is not None):
         out._data = torch.empty(shape, dtype=torch.uint8, device=ref.device) if need_data else None
     if need_transpose != (out._transpose is not None):
-        out._transpose = torch.empty(transpose_shape(shape), dtype=torch.uint8, device=ref.device) if need_transpose else None
+        out._transpose = torch.empty(block_storage.transpose_shape(shape), dtype=torch.uint8, device=ref.device) \
+            if need_transpose else None
     out._transpose_invalid = not need_transpose
     out._fp8_dtype = q.dtype
 
@@ -150,6 +148,17 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag
     return output
 
 
+def create_empty_quantized_tensor(quantizer: Any, shape: list[int], dtype: torch.dtype, device: torch.device,
+                                  pin_memory: bool) -> Any:
+    """tex.create_empty_quantized_tensor (cast.cpp): the quantizer's create_tensor, buffers uninitialised."""
+    if pin_memory:
+        refuse("pinned host memory for a quantized tensor")
+    kind, ref = _kind(quantizer), torch.empty(0, device=device)
+    if kind in block_storage.BLOCK_KINDS:
+        return block_storage.allocate(kind, quantizer, tuple(shape), dtype, ref)
+    return _allocate(quantizer, tuple(shape), dtype, ref)
+
+
 def split_quantize(tensor: torch.Tensor, split_sections: list[int], quantizer_list: list,
                    disable_bulk_allocation: bool = False) -> list[Any]:
     """tex.split_quantize: dim-0 chunks of `tensor`, each quantized by its quantizer (the per-tensor FP8 path of
@@ -173,10 +182,12 @@ def dequantize(input: Any, otype: Any) -> torch.Tensor:
         data = input._data
     elif input._transpose is not None and not input._transpose_invalid:
         t = input._transpose
-        data = t.reshape(t.shape[0], -1).t().reshape(*t.shape[1:], t.shape[0])
+        shape = block_storage.untranspose_shape(tuple(t.shape))
+        data = t.reshape(block_storage.dims2(shape)[::-1]).t().reshape(shape)
     else:
         raise RuntimeError("Float8Tensor has no data.")
-    values = fp8.dequantize(data.view(fp8_torch_dtype(input._fp8_dtype)), input._scale_inv.float())
+    # One scale for the tensor, as a 0-D factor: a 0-D tensor's values keep its shape [], not the scale's [1].
+    values = fp8.dequantize(data.view(fp8_torch_dtype(input._fp8_dtype)), input._scale_inv.float().reshape(()))
     return values.to(device.torch_dtype(otype))
 
 

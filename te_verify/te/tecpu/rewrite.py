@@ -10,7 +10,9 @@ module from its own source after these rewrites, which therefore hold exactly in
   R3 `x.cuda(...)`                     -> `x`, checked to be on the emulated device
   R4 `"cuda"` / `"cuda:N"` as a call argument or compared with ==/!= -> `"cpu"`
   R5 `torch.device("cuda", i)`         -> `torch.device("cpu")` (a CPU device has no index)
-  R6 `device=torch.cuda.current_device()` -> `device="cpu"` (elsewhere current_device() is 0)
+  R6 `device=torch.cuda.current_device()` -> `device="cpu"`, also inside the keyword's expression
+     (`device=torch.cuda.current_device() if device is None else device`, quantized_tensor.py); elsewhere
+     current_device() is 0
   R7 a parameter default `"cuda"` (`def __init__(..., device="cuda")`) -> `"cpu"`
   R8 `torch.cuda.current_device()` passed positionally to a function of the same module whose parameter at that
      position is `device` (TE 2.20's nvfp4_tensor.py: get_rht_matrix(flag, torch.cuda.current_device())) -> `"cpu"`
@@ -19,6 +21,9 @@ module from its own source after these rewrites, which therefore hold exactly in
   R10 `torch.is_autocast_enabled()`     -> `torch.is_autocast_enabled("cpu")`: without an argument torch (>= 2.4)
                                           reads CUDA's autocast, which on the emulated device is the CPU's (TE's
                                           modules take their activation dtype from it, module/base.py)
+  R11 `x.is_cpu`                       -> false for `x` on the emulated device: it is TE's accelerator, so TE's
+                                          CPU fallbacks (float8_tensor_storage.py's dequantize) must not run where a
+                                          GPU would call tex
 
 Line numbers are kept, so tracebacks and call sites name TE's real file:line. Every rewrite is recorded.
 """
@@ -90,7 +95,7 @@ def _is_torch_version_cuda(node: ast.AST) -> bool:
 
 
 class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R10 to one module's tree, appending to `sites`."""
+    """Applies R1-R11 to one module's tree, appending to `sites`."""
 
     def __init__(self, filename: str, sites: list[tuple[str, int, str]],
                  device_positions: dict[str, int] | None = None) -> None:
@@ -122,8 +127,8 @@ class CudaRewriter(ast.NodeTransformer):
         for kw in node.keywords:
             if _is_cuda_string(kw.value):
                 kw.value = self._cpu(kw.value, "R4 'cuda' argument")
-            elif kw.arg == "device" and _is_current_device_call(kw.value):
-                kw.value = self._cpu(kw.value, "R6 device=torch.cuda.current_device()")
+            elif kw.arg == "device":
+                kw.value = _DeviceKeyword(self).visit(kw.value)
         return self.generic_visit(node)
 
     def visit_arguments(self, node: ast.arguments) -> ast.AST:
@@ -149,12 +154,31 @@ class CudaRewriter(ast.NodeTransformer):
             self._note(node, "R2 x.is_cuda")
             target = self.visit(node.value)
             return ast.copy_location(ast.Call(_shim("on_emulated_device"), [target], []), node)
+        if isinstance(node.ctx, ast.Load) and node.attr == "is_cpu":
+            self._note(node, "R11 x.is_cpu")
+            target = self.visit(node.value)
+            return ast.copy_location(ast.Call(_shim("off_emulated_device"), [target], []), node)
         return self.generic_visit(node)
 
 
-def rewrite_source(source: str, filename: str, sites: list[tuple[str, int, str]]) -> types.CodeType:
-    """Compile TE source with the CUDA touch points rewritten (line numbers preserved)."""
+class _DeviceKeyword(ast.NodeTransformer):
+    """R6 within one `device=` keyword's value: each torch.cuda.current_device() call in it becomes "cpu"."""
+
+    def __init__(self, outer: CudaRewriter) -> None:
+        self.outer = outer
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if _is_current_device_call(node):
+            return self.outer._cpu(node, "R6 device=torch.cuda.current_device()")
+        return self.generic_visit(node)
+
+
+def rewrite_source(source: str, filename: str, sites: list[tuple[str, int, str]],
+                   first: ast.NodeTransformer | None = None) -> types.CodeType:
+    """Compile TE source with the CUDA touch points rewritten (line numbers preserved); `first`, if given, rewrites
+    the tree before the rules do (scripts/te_own_tests_shim.py, for TE's test files)."""
     tree = ast.parse(source, filename)
+    tree = first.visit(tree) if first is not None else tree
     tree = CudaRewriter(filename, sites, _device_positions(tree)).visit(tree)
     return compile(ast.fix_missing_locations(tree), filename, "exec", dont_inherit=True)
 

@@ -38,6 +38,10 @@ EMULATED: dict[str, Callable] = {
     "get_cublasLt_version": lambda: 130000,
     "get_cudnn_version": lambda: 91400,
 }
+# Emulated where the version's tex has them (TE >= 2.16: QuantizedTensor.make_empty allocates through tex).
+EMULATED_SINCE: dict[str, Callable] = {
+    "create_empty_quantized_tensor": quantize.create_empty_quantized_tensor,
+}
 
 
 def _kernel(fn: Callable) -> Callable:
@@ -62,8 +66,10 @@ def build(surface: Surface) -> types.ModuleType:
         setattr(module, name, _enum(name, members))
     for name in surface.classes:
         setattr(module, name, unemulated_class(f"{MODULE_NAME}.{name}"))
+    emulated = {**EMULATED_SINCE, **EMULATED}
     for name in surface.functions:
-        setattr(module, name, _kernel(EMULATED[name]) if name in EMULATED else UnemulatedFunction(f"{MODULE_NAME}.{name}"))
+        body = emulated.get(name)
+        setattr(module, name, _kernel(body) if body else UnemulatedFunction(f"{MODULE_NAME}.{name}"))
     for sub, names in surface.submodules.items():
         submodule = types.ModuleType(f"{MODULE_NAME}.{sub}")
         for name in names:

@@ -1,0 +1,95 @@
+"""Run TransformerEngine's own tests/pytorch over the tex emulation, one file at a time, and sort what fails.
+
+    .venv/bin/python scripts/te_own_tests.py --tests /tmp/te-tests/tests/pytorch --out /tmp/te-own \
+        test_quantized_tensor.py nvfp4/test_nvfp4_module_exact.py -- -k "not LayerNorm"
+
+TE's tests are not part of the project: fetch TE's repository (github:NVIDIA/TransformerEngine) and point --tests at
+its tests/pytorch. Each file runs in its own pytest process (scripts/te_own_tests_shim.py boots the emulation and
+rewrites the tests' CUDA touch points), nice'd, on one core, with a per-file time limit. Per file it writes the
+JUnit XML and one summary line; `--by-cause` prints the failures grouped by their error's first line, the start of
+sorting each into the emulation's, the shim's or a GPU-only feature (docs/te-lane.md).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_file(tests: Path, name: str, out: Path, capability: str, limit_s: int, extra: list[str]) -> Path:
+    """One TE test file in its own nice'd pytest process; returns its JUnit XML path."""
+    xml = out / (name.replace("/", "__") + ".xml")
+    env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
+    command = ["nice", sys.executable, "-m", "pytest", "-p", "te_own_tests_shim", "-p", "no:te_verify",
+               "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short", f"--junitxml={xml}", name, *extra]
+    with open(out / (name.replace("/", "__") + ".log"), "w") as log:
+        try:
+            subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            log.write(f"\nte_own_tests: stopped after {limit_s} s\n")
+    return xml
+
+
+def outcomes(xml: Path) -> list[tuple[str, str, str]]:
+    """(test id, outcome, the error's first line) per test case of a JUnit XML file."""
+    if not xml.exists():
+        return []
+    rows = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            rows.append((test_id, "failed", _first_line(bad.get("message") or bad.text or "")))
+        elif case.find("skipped") is not None:
+            rows.append((test_id, "skipped", _first_line(case.find("skipped").get("message") or "")))
+        else:
+            rows.append((test_id, "passed", ""))
+    return rows
+
+
+def _first_line(message: str) -> str:
+    """The error's first line with numbers masked, so one cause groups once."""
+    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", line)[:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", help="test files relative to --tests")
+    parser.add_argument("--tests", type=Path, required=True, help="TE's tests/pytorch directory")
+    parser.add_argument("--out", type=Path, required=True, help="where the XML, logs and summary go")
+    parser.add_argument("--capability", default="sm100", choices=("sm89", "sm90", "sm100"))
+    parser.add_argument("--limit-s", type=int, default=1800, help="per-file time limit")
+    parser.add_argument("--by-cause", action="store_true", help="print failures grouped by their first line")
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    pytest_args = argv[cut + 1:]  # after --: passed to pytest as given
+    if not (args.tests / "utils.py").exists():
+        parser.error(f"--tests {args.tests}: not TE's tests/pytorch (no utils.py)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.files:
+        rows = outcomes(run_file(args.tests.resolve(), name, args.out, args.capability, args.limit_s,
+                                 pytest_args))
+        counts = collections.Counter(outcome for _, outcome, _ in rows)
+        line = f"{name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        print(line, flush=True)
+        with open(args.out / "summary.txt", "a") as summary:
+            summary.write(line + "\n")
+        if args.by_cause:
+            causes = collections.Counter(cause for _, outcome, cause in rows if outcome == "failed")
+            for cause, n in causes.most_common():
+                print(f"  {n:5d}  {cause}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

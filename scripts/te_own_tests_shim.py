@@ -1,0 +1,70 @@
+"""pytest plugin: TE's own tests/pytorch run on CPU over the tex emulation (scripts/te_own_tests.py loads it).
+
+TE's test files are TE's code too: they touch CUDA as TE's modules do (`device="cuda"`, `torch.cuda.manual_seed`,
+`x.cuda()`), so the shim compiles every module under the tests directory (test files, utils.py, references/) with
+the emulation's own CUDA rewrite (te_verify/te/tecpu/rewrite.py), after one rule of its own: every "cuda" string
+constant (tests also assign it, `device = "cuda"`) is "cpu", the emulated device. The emulated capability comes from
+TE_OWN_TESTS_CAPABILITY (default sm100: MXFP8 and NVFP4 run). Assertion rewriting is off (`--assert=plain`): the
+rewriting finder serves those modules instead of pytest's.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+from te_verify.te import tecpu
+from te_verify.te.tecpu import cuda, rewrite
+
+TESTS_DIR_ENV = "TE_OWN_TESTS_DIR"
+CAPABILITY_ENV = "TE_OWN_TESTS_CAPABILITY"
+
+
+class CudaStrings(ast.NodeTransformer):
+    """Every "cuda" / "cuda:N" string constant -> "cpu"."""
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        if isinstance(node.value, str) and rewrite.CUDA_STRING.match(node.value):
+            return ast.copy_location(ast.Constant("cpu"), node)
+        return node
+
+
+class TestsLoader(importlib.machinery.SourceFileLoader):
+    """A TE test module's source with the CUDA touch points rewritten."""
+
+    shim = cuda.make_shim()
+    log = rewrite.RewriteLog()
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return rewrite.rewrite_source(self.get_data(self.path).decode("utf-8"), self.path, self.log.sites, CudaStrings())
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__dict__[rewrite.SHIM_NAME] = self.shim
+        super().exec_module(module)
+
+
+class TestsFinder:
+    """Serves the modules whose file lies under TE's tests directory through TestsLoader."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root) + os.sep
+
+    def find_spec(self, fullname, path, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.origin or not os.path.realpath(spec.origin).startswith(self.root):
+            return None
+        if not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None
+        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=TestsLoader(fullname, spec.origin),
+                                                      submodule_search_locations=spec.submodule_search_locations)
+
+
+def pytest_configure(config) -> None:
+    root = os.environ.get(TESTS_DIR_ENV)
+    if not root:
+        raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
+    tecpu.boot(os.environ.get(CAPABILITY_ENV, "sm100"))
+    sys.meta_path.insert(0, TestsFinder(root))
