@@ -14,30 +14,16 @@ from te_verify.checks.tolerances import tolerance_for
 from te_verify.te.reference import linear as ref_linear
 from te_verify.run.microbatch import run_microbatches
 from te_verify.spec import CaseSpec, TEConfig
+from planted_orders import LatestInputLinear
 from test_te_contract_planted import _impl
-
-
-class _LastInputFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, module):
-        ctx.module = module
-        ctx.save_for_backward(weight)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (weight,) = ctx.saved_tensors
-        x = ctx.module.last_input  # the fault: the latest forward's input, not this one's
-        rows, x_rows = grad_out.reshape(-1, grad_out.shape[-1]), x.reshape(-1, x.shape[-1])
-        return grad_out @ weight, rows.T @ x_rows, rows.sum(0), None
 
 
 class LastInputWgrad(ref_linear.Linear):
     """Fault: keeps its last forward's input on the module for the wgrad."""
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
-        self.last_input = inp.detach()
-        return _LastInputFunction.apply(inp, self.weight, self.bias, self)
+        self.latest_input = inp.detach()
+        return LatestInputLinear.apply(inp, self.weight, self.bias, self)
 
 
 def _spec(order: str) -> CaseSpec:
