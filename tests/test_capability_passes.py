@@ -61,15 +61,18 @@ def test_the_run_fails_when_any_pass_fails_and_is_empty_only_when_every_pass_is(
 
 @pytest.mark.system
 def test_capability_passes_split_the_te_lane_and_keep_the_other_lanes_in_the_default_pass():
-    """The sm90 pass holds the freeze family and the FP8 cases TE serves at sm90; the sm100 pass holds MXFP8 (named
-    -sm100) and no torch-lane case; a plain run at sm90 keeps today's ids."""
-    files = ["cases/test_freeze.py", "cases/test_te_fp8.py", "--tier", "pr", "--collect-only", "--backend", "eager",
+    """The sm90 pass holds the freeze family, the drawn specs' tests and the FP8 cases TE serves at sm90; the sm100
+    pass holds MXFP8 (named -sm100) and no torch-lane case; a plain run at sm90 keeps today's ids."""
+    files = ["cases/test_freeze.py", "cases/test_te_fp8.py", "cases/test_generated.py", "--tier", "pr", "--collect-only",
+             "--backend", "eager",
              "--backend", "te_eager"]
     results, proc = run_many([[*files, "--te-capability", cap, "--capability-cases"] for cap in ("sm90", "sm100")]
                              + [files])
     sm90, sm100, plain = (set(r["ids"]) for r in results)
     assert sm90 and sm100, proc.stdout[-2000:]
     assert any("test_freeze" in i for i in sm90) and not any("test_freeze" in i for i in sm100)
+    # a test drawing its own specs runs in the default pass only (the merge refuses a row twice)
+    assert any("test_generated[" in i for i in sm90) and not any("test_generated" in i for i in sm100)
     assert any("fp8mxfp8-sm100]" in i for i in sm100) and not any("mxfp8" in i for i in sm90)
     assert all(i.endswith("-sm100]") for i in sm100)
     assert sm90 <= plain and any("mxfp8" in i for i in plain)  # a single-capability run selects as before
