@@ -129,6 +129,8 @@ SMALLEST: dict[str, Smallest] = {
         ".venv/bin/python scripts/version_axis.py --help", "run, it installs a thunder release from the network"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2 --tier pr": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
+    "te-verify run --tier pr --passes": Smallest(None, "the main job (minutes); tests/test_capability_passes.py plans "
+                                                       "and merges passes"),
     "te-verify run --passes": Smallest(None, "the main job's flag (minutes); tests/test_capability_passes.py plans and "
                                              "merges passes"),
     "te-verify run --tier smoke --workers 1": Smallest(
