@@ -207,7 +207,7 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
 
     train = TrainStep(backward=backward, finish=lambda: None, step=engine.step, state=state)
     return Wrapped(cast_inputs(engine, spec), layers, lambda: param_tensors(slots, grad), full_params,
-                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), train=train)
+                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), keep=[engine], train=train)
 
 
 def bf16_optimizer_state(zero, moments: int) -> dict[str, StateBytes]:
