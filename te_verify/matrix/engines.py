@@ -97,9 +97,9 @@ def _policy(spec, reduce_dtype: str):
 # runs DeepSpeed's BF16_Optimizer (deepspeedai/DeepSpeed#7985: two microbatches, the last one's reduction).
 DS_POLICIES = [(1, (("grad_accum_dtype", "fp32"), ("microbatches", 2)), "fp32"),
                (2, (("grad_accum_dtype", "fp32"), ("microbatches", 2)), "fp32"),
-               (3, (("grad_accum_dtype", "fp32"), ("microbatches", 1)), "fp32"),
-               (1, (("microbatches", 1),), "bf16"),
                (1, (("grad_accum_dtype", "fp32"), ("microbatches", 1)), "fp32"),
+               (1, (("microbatches", 1),), "bf16"),
+               (3, (("grad_accum_dtype", "fp32"), ("microbatches", 1)), "fp32"),
                (2, (("microbatches", 2),), "bf16"),
                (3, (("microbatches", 2),), "bf16")]
 

@@ -54,12 +54,14 @@ def cast_inputs(engine: nn.Module, spec: CaseSpec) -> Callable[[torch.Tensor], t
     return lambda x: engine(x.to(dtype))
 
 
-def master_value(read_full: Callable[[nn.Parameter], torch.Tensor | None]) -> Callable[[nn.Parameter], torch.Tensor]:
+def master_value(read_full: Callable[[nn.Parameter], torch.Tensor | None],
+                 model_value: Callable[[nn.Parameter], torch.Tensor]) -> Callable[[nn.Parameter], torch.Tensor]:
     """A parameter's value as the lane reads it under a policy: its fp32 master (`read_full`, DeepSpeed's
-    safe_get_full_fp32_param), else (frozen, no master) the model's bf16 value widened to fp32."""
+    safe_get_full_fp32_param), else (frozen, no master) the model's bf16 value (`model_value`: ZeRO-3 gathers its
+    partitions) widened to fp32."""
     def read(p: nn.Parameter) -> torch.Tensor:
         master = read_full(p) if p.requires_grad else None
-        return master if master is not None else p.detach().float()
+        return master if master is not None else model_value(p).float()
     return read
 
 

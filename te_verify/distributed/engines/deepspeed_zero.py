@@ -175,7 +175,8 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
 
     def full_params() -> dict:
         if has_policy(spec):  # the fp32 masters the step updates (the model holds their bf16 rounding)
-            return param_tensors(slots, master_value(safe_get_full_fp32_param))
+            return param_tensors(slots, master_value(safe_get_full_fp32_param,
+                                                     value_of if stage < 3 else gathered_value))
         return param_tensors(slots, value_of if stage < 3 else gathered_value)
 
     def state() -> dict[str, StateBytes]:
