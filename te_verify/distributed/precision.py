@@ -18,6 +18,7 @@ from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
 from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.distributed.schedule import reference_iterations
+from te_verify.models import frozen_at_backward
 from te_verify.record import Record
 from te_verify.run.runner import run_fp64_eager
 from te_verify.spec import CaseSpec
@@ -103,13 +104,24 @@ def rounded_start(ref: Record, dtype: torch.dtype | None) -> Record:
     return dataclasses.replace(ref, state_before=rounded(ref.state_before), state_after=rounded(ref.state_after))
 
 
-def policy_trajectories(spec: CaseSpec) -> tuple[list[dict], list[dict], TruthBound | None]:
-    """An engine's reference trajectory under its policy (eager SGD, forwards under autocast in the param dtype, from
-    the parameters as the engine starts them), the fp64 truth's from the same start, and the policy's bound (None
-    without a policy: the caller's fp32 bound judges)."""
+def policy_trajectories(spec: CaseSpec, ranks: dict[int, list[dict]]
+                        ) -> tuple[list[dict], dict[int, list[dict]], list[dict], TruthBound | None]:
+    """(eager SGD's trajectory, the ranks', the fp64 truth's, the bound) as params_after_steps judges an engine. Under
+    a policy: eager's forwards under autocast in the param dtype, every trajectory from the parameters as the engine
+    starts them, and each parameter as its update from that start, so that the policy's bound (relative to the truth's
+    norm) is relative to the update's, which carries every error of the steps, not to the parameter's: a skipped step
+    moves a parameter by far less than one bf16 rounding of it. Without a policy: the trajectories and None (the
+    caller's fp32 bound judges)."""
     start = start_of(spec)
-    if not has_policy(spec):
-        return eager_trajectory(spec, start=start), eager_trajectory(spec, torch.float64, start=start), None
     truth = eager_trajectory(spec, torch.float64, start=start)
-    return (eager_trajectory(spec, start=start, autocast=policy_dtypes(spec)[0]), truth,
+    if not has_policy(spec):
+        return eager_trajectory(spec, start=start), ranks, truth, None
+    origin = {n: p.detach().to(start or p.dtype).double() for n, p in frozen_at_backward(spec).named_parameters()}
+
+    def updates(steps: list[dict]) -> list[dict]:
+        return [{n: None if v is None or n not in origin else v - origin[n].to(v.dtype) for n, v in step.items()}
+                for step in steps]
+
+    want = eager_trajectory(spec, start=start, autocast=policy_dtypes(spec)[0])
+    return (updates(want), {r: updates(steps) for r, steps in ranks.items()}, updates(truth),
             policy_bound(spec, Record(backend="eager SGD in fp64")))

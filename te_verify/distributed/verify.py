@@ -308,9 +308,10 @@ def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo
         frozen = [{f"{i}.{kind}" for kind, mask in zip(("weight", "bias"), masks_at(spec, k)) if mask is not None
                    for i, f in enumerate(mask) if f} for k in range(1, spec.iterations + 1)]
     ranks = dict(enumerate(result.results))
-    want, truth, bound = policy_trajectories(spec)  # under a policy: its compute, start and bound
-    return [params_after_steps(spec.id, spec.dist.wrapper, want, {r: o.params_after_steps for r, o in ranks.items()},
-                               frozen, tol, truth, bound or truth_bound(spec, Record(backend="eager SGD in fp64"))),
+    # Under a policy: its compute, the engine's start, each parameter's update from it, the policy's bound.
+    want, got, truth, bound = policy_trajectories(spec, {r: o.params_after_steps for r, o in ranks.items()})
+    return [params_after_steps(spec.id, spec.dist.wrapper, want, got, frozen, tol, truth,
+                               bound or truth_bound(spec, Record(backend="eager SGD in fp64"))),
             state_verdict(spec, ranks, params)]
 
 
