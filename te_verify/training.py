@@ -198,16 +198,20 @@ def chunked(x: torch.Tensor, cotangent: torch.Tensor, chunks: int) -> list[tuple
 
 
 def eager_trajectory(model: torch.nn.Module, x: torch.Tensor, cotangent: torch.Tensor, iterations: int,
-                     before: Callable[[int], bool] = lambda k: False) -> list[dict[str, torch.Tensor]]:
+                     before: Callable[[int], bool] = lambda k: False,
+                     autocast: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
     """Single-process eager SGD: every parameter after each of `iterations` steps, by qualified name (a frozen
     parameter's too: it must not change). `before(k)` runs before iteration k (1-based) and says whether it changed
-    what trains (a freeze schedule: the optimizer then follows, follow_trainable)."""
+    what trains (a freeze schedule: the optimizer then follows, follow_trainable). `autocast`: every forward under
+    torch.autocast in that dtype (a mixed-precision policy's compute; the step stays in the parameters' dtype)."""
     opt = optimizer_for(model)
     after = []
     for k in range(1, iterations + 1):
         if before(k):
             opt = follow_trainable(opt, model)
-        model(x.detach()).backward(cotangent)
+        with torch.autocast(x.device.type, dtype=autocast, enabled=autocast is not None):
+            out = model(x.detach())
+        out.backward(cotangent)
         optimizer_step(opt)
         after.append({name: p.detach().clone() for name, p in model.named_parameters()})
     return after

@@ -18,7 +18,10 @@ FORWARD_AND_BACKWARD = ("forward", "backward")
 
 
 def is_reduction(c: Collective) -> bool:
-    return c.kind in GRAD_REDUCTIONS and c.phase in AFTER_FORWARD and c.nbytes > c.value_bytes
+    """A gradient reduction; an optimizer step's one-element all-reduce (DeepSpeed's overflow flag in uint8, its
+    gradient norm in fp64) carries a scalar of the step, not a gradient."""
+    scalar = c.phase == "step" and c.nbytes <= ELEMENT_SIZE.get(c.dtype, 8)
+    return c.kind in GRAD_REDUCTIONS and c.phase in AFTER_FORWARD and c.nbytes > c.value_bytes and not scalar
 
 
 def is_param_gather(c: Collective) -> bool:

@@ -7,6 +7,7 @@ of the case stays what both are measured against (checks.tolerances.TruthBound):
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -15,7 +16,9 @@ from te_verify.checks.collective_dtypes import collective_dtypes
 from te_verify.checks.collectives import Collective, ParamInfo
 from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
+from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.distributed.schedule import reference_iterations
+from te_verify.models import frozen_at_backward
 from te_verify.record import Record
 from te_verify.run.runner import run_fp64_eager
 from te_verify.spec import CaseSpec
@@ -78,3 +81,47 @@ def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]],
     param, reduce = (str(d).removeprefix("torch.") if d is not None else "" for d in policy_dtypes(spec))
     return collective_dtypes(spec.id, spec.dist.wrapper, ranks, params_at, param, reduce, shards,
                              spec.dist.world_size)
+
+
+def start_of(spec: CaseSpec) -> torch.dtype | None:
+    """The dtype the case's engine casts the model's parameters to in place when it wraps (Engine.casts_params_to:
+    DeepSpeed's bf16 section), so that its training starts from their rounding; None for every other wrapper."""
+    from te_verify.distributed.engines import engine  # the engines import this module
+
+    trainer = engine(spec.dist.wrapper)
+    return trainer.casts_params_to(spec) if trainer is not None else None
+
+
+def rounded_start(ref: Record, dtype: torch.dtype | None) -> Record:
+    """Eager's record with its parameters before and after the run rounded to `dtype` (kept in their own dtype): what
+    an engine that casts them in place must leave, bitwise (checks.state); `ref` itself where `dtype` is None."""
+    if dtype is None:
+        return ref
+
+    def rounded(state: dict) -> dict:
+        return {k: v.to(dtype).to(v.dtype) if k.startswith("param:") else v for k, v in state.items()}
+
+    return dataclasses.replace(ref, state_before=rounded(ref.state_before), state_after=rounded(ref.state_after))
+
+
+def policy_trajectories(spec: CaseSpec, ranks: dict[int, list[dict]]
+                        ) -> tuple[list[dict], dict[int, list[dict]], list[dict], TruthBound | None]:
+    """(eager SGD's trajectory, the ranks', the fp64 truth's, the bound) as params_after_steps judges an engine. Under
+    a policy: eager's forwards under autocast in the param dtype, every trajectory from the parameters as the engine
+    starts them, and each parameter as its update from that start, so that the policy's bound (relative to the truth's
+    norm) is relative to the update's, which carries every error of the steps, not to the parameter's: a skipped step
+    moves a parameter by far less than one bf16 rounding of it. Without a policy: the trajectories and None (the
+    caller's fp32 bound judges)."""
+    start = start_of(spec)
+    truth = eager_trajectory(spec, torch.float64, start=start)
+    if not has_policy(spec):
+        return eager_trajectory(spec, start=start), ranks, truth, None
+    origin = {n: p.detach().to(start or p.dtype).double() for n, p in frozen_at_backward(spec).named_parameters()}
+
+    def updates(steps: list[dict]) -> list[dict]:
+        return [{n: None if v is None or n not in origin else v - origin[n].to(v.dtype) for n, v in step.items()}
+                for step in steps]
+
+    want = eager_trajectory(spec, start=start, autocast=policy_dtypes(spec)[0])
+    return (updates(want), {r: updates(steps) for r, steps in ranks.items()}, updates(truth),
+            policy_bound(spec, Record(backend="eager SGD in fp64")))

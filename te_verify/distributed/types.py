@@ -123,6 +123,9 @@ class Engine:
     # partition of the gradients (ZeRO-2/3, Megatron-FSDP's gradient-sharding strategies: they must reduce each
     # microbatch's gradients into it, as their documentation says).
     reductions: Callable[[CaseSpec], int] = lambda spec: 1
+    # spec -> the dtype it casts the model's parameters to in place when it wraps (DeepSpeed's bf16 section), so that
+    # training starts from their rounding; None: it leaves them as they are.
+    casts_params_to: Callable[[CaseSpec], torch.dtype | None] = lambda spec: None
 
     def unavailable(self) -> str | None:
         """Why its cases cannot run here (None if they can)."""

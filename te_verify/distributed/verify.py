@@ -21,10 +21,10 @@ from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
-from te_verify.distributed.precision import (has_policy, policy_collectives, policy_schedule_truth, policy_truth,
-                                            reference_spec)
+from te_verify.distributed.precision import (has_policy, policy_collectives, policy_schedule_truth, policy_trajectories,
+                                            policy_truth, reference_spec, rounded_start, start_of)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
-from te_verify.distributed.rank.training import eager_trajectory, microbatches
+from te_verify.distributed.rank.training import microbatches
 from te_verify.distributed.schedule import reference_iterations
 from te_verify.training import StateBytes
 from te_verify.distributed.pool.pool import PoolResult, RankPool
@@ -219,7 +219,7 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
     tol, (truth, bound) = dist_tolerance(spec, ref), policy_truth(spec)
     verdicts = [dist_grad_parity(spec.id, backend, ref, ranks, tol, truth, bound),
                 dist_output_parity(spec.id, backend, ref, ranks, tol),
-                dist_state_left_behind(spec.id, backend, ref, ranks, tol)]
+                dist_state_left_behind(spec.id, backend, rounded_start(ref, start_of(spec)), ranks, tol)]
     outcome: RankOutcome | None = next((o for o in result.results if o is not None), None)
     if outcome is None or result.errors:
         return verdicts
@@ -308,10 +308,10 @@ def training_verdicts(spec: CaseSpec, result: PoolResult, params: list[ParamInfo
         frozen = [{f"{i}.{kind}" for kind, mask in zip(("weight", "bias"), masks_at(spec, k)) if mask is not None
                    for i, f in enumerate(mask) if f} for k in range(1, spec.iterations + 1)]
     ranks = dict(enumerate(result.results))
-    truth = eager_trajectory(spec, torch.float64)
-    return [params_after_steps(spec.id, spec.dist.wrapper, eager_trajectory(spec),
-                               {r: o.params_after_steps for r, o in ranks.items()}, frozen, tol, truth,
-                               truth_bound(spec, Record(backend="eager SGD in fp64"))),
+    # Under a policy: its compute, the engine's start, each parameter's update from it, the policy's bound.
+    want, got, truth, bound = policy_trajectories(spec, {r: o.params_after_steps for r, o in ranks.items()})
+    return [params_after_steps(spec.id, spec.dist.wrapper, want, got, frozen, tol, truth,
+                               bound or truth_bound(spec, Record(backend="eager SGD in fp64"))),
             state_verdict(spec, ranks, params)]
 
 

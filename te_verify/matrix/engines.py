@@ -8,6 +8,8 @@ parameter), bf16 (matrix.dist: a sharded bf16 reduction needs its own reference)
 """
 from __future__ import annotations
 
+import dataclasses
+
 from te_verify.matrix.tiers import NON_SQUARE4, check_tier, dedupe, named_masks
 from te_verify.matrix.dist import MIDDLE, _spec, LORA_QV, _lora_spec
 from te_verify.spec import TEConfig
@@ -86,9 +88,38 @@ def deepspeed_specs(tier: str) -> list:
     return dedupe(specs)
 
 
+def _policy(spec, reduce_dtype: str):
+    return spec.replace(dist=dataclasses.replace(spec.dist, param_dtype="bf16", reduce_dtype=reduce_dtype))
+
+
+# DeepSpeed's bf16 section as users configure it: (stage, options, reduce dtype). grad_accum_dtype fp32 with an fp32
+# reduction; the default (bf16 accumulation, DeepSpeed's bf16 communication dtype). ZeRO-1 with fp32 accumulation
+# runs DeepSpeed's BF16_Optimizer (deepspeedai/DeepSpeed#7985: two microbatches, the last one's reduction).
+DS_POLICIES = [(1, (("grad_accum_dtype", "fp32"), ("microbatches", 2)), "fp32"),
+               (2, (("grad_accum_dtype", "fp32"), ("microbatches", 2)), "fp32"),
+               (1, (("grad_accum_dtype", "fp32"), ("microbatches", 1)), "fp32"),
+               (1, (("microbatches", 1),), "bf16"),
+               (3, (("grad_accum_dtype", "fp32"), ("microbatches", 1)), "fp32"),
+               (2, (("microbatches", 2),), "bf16"),
+               (3, (("microbatches", 2),), "bf16")]
+
+
+def deepspeed_policy_specs(tier: str) -> list:
+    """DeepSpeed ZeRO 1-3 under its bf16 section over fp32 parameters (engines.deepspeed_bf16): smoke the ZeRO-1
+    BF16_Optimizer case, pr the first four policies (frozen middle layer, input grad), nightly every policy x mask
+    with and without the input's gradient."""
+    check_tier(tier)
+    policies = DS_POLICIES[:1] if tier == "smoke" else DS_POLICIES[:4] if tier == "pr" else DS_POLICIES
+    masks = [MIDDLE] if tier != "nightly" else _masks(tier)
+    return dedupe([_policy(_spec("dist_deepspeed_bf16", f"deepspeed_zero{stage}", m, x, opts), reduce)
+                   for stage, opts, reduce in policies for m in masks
+                   for x in ((True,) if tier != "nightly" else (False, True))])
+
+
 FAMILIES = {
     "dist_megatron_ddp": megatron_ddp_specs,
     "dist_te_megatron": te_megatron_specs,
     "dist_megatron_fsdp": megatron_fsdp_specs,
     "dist_deepspeed": deepspeed_specs,
+    "dist_deepspeed_bf16": deepspeed_policy_specs,
 }

@@ -44,7 +44,10 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.distributed.types import Engine
+from te_verify.distributed.engines.deepspeed_bf16 import (cast_inputs, is_bf16_optimizer, master_value,
+                                                          precision_config)
 from te_verify.distributed.engines.gathered import zero3_gathered
+from te_verify.distributed.precision import has_policy
 from te_verify.distributed.rank.training import microbatches, te_stack
 from te_verify.training import StateBytes, TrainStep, sgd
 from te_verify.distributed.types import (Wrapped, WrapperError, options, param_slots, param_tensors, units_of,
@@ -54,7 +57,8 @@ from te_verify.spec import CaseSpec
 CPU_STEP = ("deepspeed-cpu-no-shm-op: deepspeed 0.19.8's TorchBackend JIT-compiles an inference-only shared-memory "
             "all-reduce op (deepspeed.comm.torch.build_shm_op) with the C++ compiler; on a CPU rank that function "
             "returns None (no op), and DS_ACCELERATOR=cpu")
-OPTIONS = {1: {"microbatches"}, 2: {"microbatches"}, 3: {"microbatches", "persistence_threshold"}}
+OPTIONS = {1: {"microbatches", "grad_accum_dtype"}, 2: {"microbatches", "grad_accum_dtype"},
+           3: {"microbatches", "persistence_threshold", "grad_accum_dtype"}}
 # Never reached: DeepSpeed prints its progress line every steps_per_print steps.
 QUIET = 10**9
 
@@ -130,7 +134,8 @@ def config(stage: int, spec: CaseSpec, opts: dict) -> dict:
             zero["stage3_param_persistence_threshold"] = int(opts["persistence_threshold"])
     return {"train_batch_size": rows * world, "train_micro_batch_size_per_gpu": rows // chunks,
             "gradient_accumulation_steps": chunks, "zero_optimization": zero, "zero_allow_untested_optimizer": True,
-            "gradient_clipping": 0.0, "steps_per_print": QUIET, "wall_clock_breakdown": False}
+            "gradient_clipping": 0.0, "steps_per_print": QUIET, "wall_clock_breakdown": False,
+            **precision_config(spec, opts)}
 
 
 def nbytes(tensors) -> int:
@@ -145,7 +150,7 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
     if run_device.active().type == "cpu":
         cpu_step()
     import deepspeed
-    from deepspeed.utils import safe_get_full_grad
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
     slots = param_slots(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -169,10 +174,15 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
         return safe_get_full_grad(p) if id(p) in in_optimizer else p.grad
 
     def full_params() -> dict:
+        if has_policy(spec):  # the fp32 masters the step updates (the model holds their bf16 rounding)
+            return param_tensors(slots, master_value(safe_get_full_fp32_param,
+                                                     value_of if stage < 3 else gathered_value))
         return param_tensors(slots, value_of if stage < 3 else gathered_value)
 
     def state() -> dict[str, StateBytes]:
         moments = nbytes(t for s in zero.optimizer.state.values() for t in s.values())
+        if is_bf16_optimizer(zero):
+            return bf16_optimizer_state(zero, moments)
         if stage < 3:
             master = nbytes(zero.single_partition_of_fp32_groups)
             # Gradient partitions kept across steps: stage 1's averaged_gradients, stage 2's grads_in_partition
@@ -197,14 +207,25 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
                 "grad_buffer": StateBytes(grads, True, slack=slack)}
 
     train = TrainStep(backward=backward, finish=lambda: None, step=engine.step, state=state)
-    return Wrapped(engine, layers, lambda: param_tensors(slots, grad), full_params,
-                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), train=train)
+    return Wrapped(cast_inputs(engine, spec), layers, lambda: param_tensors(slots, grad), full_params,
+                   zero3_gathered(layers) if stage == 3 else None, dist.get_world_size(), keep=[engine], train=train)
+
+
+def bf16_optimizer_state(zero, moments: int) -> dict[str, StateBytes]:
+    """ZeRO-1's BF16_Optimizer (bf16 with grad_accum_dtype fp32): fp32 master partitions (sharded), and a full fp32
+    gradient accumulation buffer per rank (fp32_groups_gradients_flat: every rank accumulates and all-reduces the
+    whole gradient, ZeRO-1 shards no gradient). Groups are padded as stage 1's (2 x world elements)."""
+    slack = 2 * 4 * dist.get_world_size() * len(zero.bf16_groups)
+    return {"optimizer_state": StateBytes(moments, True, slack=slack),
+            "master": StateBytes(nbytes(zero.fp32_groups_flat_partition), True, slack=slack),
+            "grad_buffer": StateBytes(nbytes(zero.fp32_groups_gradients_flat), False, slack=slack)}
 
 
 def engine_of(stage: int) -> Engine:
     return Engine(f"deepspeed_zero{stage}", partial(wrap, stage), shards=lambda spec: stage == 3,
                   reshards_after_forward=lambda spec: stage == 3, cpu_steps=(CPU_STEP,), package="deepspeed",
-                  reductions=lambda spec: microbatches(spec) if stage >= 2 else 1)
+                  reductions=lambda spec: microbatches(spec) if stage >= 2 else 1,
+                  casts_params_to=lambda spec: torch.bfloat16 if has_policy(spec) else None)
 
 
 ENGINE_ZERO1, ENGINE_ZERO2, ENGINE_ZERO3 = (engine_of(stage) for stage in (1, 2, 3))

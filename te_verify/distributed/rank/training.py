@@ -26,15 +26,22 @@ def microbatches(spec: CaseSpec) -> int:
     return int(dict(spec.dist.options).get("microbatches", 1)) if spec.dist is not None else 1
 
 
-def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
+def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None, start: torch.dtype | None = None,
+                     autocast: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
     """Single-process eager SGD on the global batch (training.eager_trajectory): every parameter after each of the
-    spec's iterations; in `dtype` (float64: the truth the engines' trajectories are bounded by)."""
+    spec's iterations; in `dtype` (float64: the truth the engines' trajectories are bounded by); from the parameters
+    rounded to `start` (an engine that casts them in place: Engine.casts_params_to); forwards under `autocast`."""
     inputs = make_inputs(spec)
     model, x, cotangent = frozen_at_backward(spec), inputs.x, inputs.grad_output
+    if start is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(start))
     if dtype is not None:  # token ids (LitGPT, transformers) stay integers: an embedding takes no float64 index
         model, cotangent = model.to(dtype), cotangent.to(dtype)
         x = x.to(dtype) if x.is_floating_point() else x
-    return training.eager_trajectory(model, x, cotangent, spec.iterations, lambda k: apply_schedule(model, spec, k))
+    return training.eager_trajectory(model, x, cotangent, spec.iterations, lambda k: apply_schedule(model, spec, k),
+                                     autocast)
 
 
 def load_te() -> None:
