@@ -49,7 +49,7 @@ TE_FAMILY = "te_autocast"
 def te_autocast_specs(tier: str) -> list[CaseSpec]:
     """TE Linears without an FP8 recipe under torch.autocast(bf16) over fp32 parameters: TE casts the weights and
     inputs itself. FP8 recipes under autocast are not generated yet: te_verify.te.reference, which FP8 cases are judged
-    against, does not model autocast's bf16 activations (docs/training.md)."""
+    against, is held to TE under autocast in high precision only (docs/training.md)."""
     check_tier(tier)
     masks = named_masks(4)
     pairs = (("alternating", False),) if tier == "smoke" else (("alternating", False), ("prefix", True))

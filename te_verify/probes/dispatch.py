@@ -27,8 +27,9 @@ Why a dispatch mode and what it sees:
 - Layers: probes that know the model bind its linear weights (`bind_weights`, in layer order), and a forward GEMM
   with an operand on a weight's storage (the Parameter itself or any view or reinterpretation of it, as
   inductor's compiled code passes it) or on the weight's Parameter object (FSDP swaps its storage) is that
-  layer's; its other operand is the layer's input (a backward GEMM on a slice of it, as split-K reads rows, is
-  found by overlapping bytes, checked to still hold that input's data). A Parameter operand of no bound layer (a
+  layer's; its other operand is the layer's input (a backward GEMM on a slice of it, as split-K reads rows, or on a
+  copy of a slice, is found by overlapping bytes of the input or of the copy's source: probes.extents; checked to
+  still hold that input's data). A Parameter operand of no bound layer (a
   sharded wrapper's unsharded copy) is the first bound layer of its shape yet to run forward. Unbound, the k-th
   distinct Parameter used as a forward GEMM operand is the weight of layer k.
 """
@@ -44,9 +45,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from te_verify.probes import weight_axes
+from te_verify.probes import extents, weight_axes
 from te_verify.probes.conv_gemms import CONV_OPS, conv_gemms
-from te_verify.te.tecpu.record import byte_span
 
 aten = torch.ops.aten
 # Every GEMM-family aten op, with the positions of its two operands. Keyed by overload packet, so every overload
@@ -79,9 +79,9 @@ class LayerMap:
     output_views: dict[tuple, int] = field(default_factory=dict, repr=False)
     # A fingerprint of each input view's data (fingerprint()): a compiler may later reuse the buffer in place.
     input_prints: dict[tuple, float] = field(default_factory=dict, repr=False)
-    # Storage key -> (byte span, view, shape, strides, element size) of each input view held as is (not a copy): a
-    # slice of it (a split-K GEMM's) is found by overlap, and checked to still hold that view's data.
-    input_regions: dict[StorageKey, list[tuple]] = field(default_factory=dict, repr=False)
+    # Storage key -> (extent, view) of each input view (probes.extents): the view itself, or the source of the copy
+    # a forward GEMM read. A slice of it, or a copy of a slice (a split-K GEMM's), is found by overlapping bytes.
+    input_regions: dict[StorageKey, list[tuple[extents.Extent, tuple]]] = field(default_factory=dict, repr=False)
     # 2-D shape of each layer's input as its forward GEMM saw it (None until then).
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Index for the per-GEMM lookups: weight key -> layer.
@@ -111,10 +111,10 @@ class LayerMap:
             if print_ is not None:
                 self.input_prints[view] = print_
 
-    def add_region(self, t: torch.Tensor, view: tuple) -> None:
-        regions = self.input_regions.setdefault(view[0], [])
-        if not any(r[2] == view for r in regions):
-            regions.append((*byte_span(t), view, tuple(t.shape), t.stride(), t.element_size()))
+    def add_region(self, extent: extents.Extent, view: tuple) -> None:
+        regions = self.input_regions.setdefault(extent.key, [])
+        if not any(v == view for _, v in regions):
+            regions.append((extent, view))
 
     def layers_of_input_view(self, view: tuple, print_: float | None = None) -> frozenset:
         """Every layer whose forward input is this view (empty if the buffer now holds other data)."""
@@ -276,8 +276,9 @@ class Watcher(TorchDispatchMode):
         self.window_peak_bytes = 0  # peak since the last reset_window()
         self.follow_copies = False
         # A copy's storage -> the view it was made from (root_view: any view of the copy, a slice or a broadcast
-        # as matmul makes for bmm, leads there).
+        # as matmul makes for bmm, leads there), and that view's extent (its bytes: probes.extents).
         self._derived: dict[StorageKey, tuple] = {}
+        self._extents: dict[StorageKey, extents.Extent] = {}
         # Storage key -> where a layer's weight's axes lie in it (probes.weight_axes): the weights', their copies'.
         self._axes: dict[StorageKey, weight_axes.Axes] = {}
         # data_ptr -> (generation, weakref) of the last GEMM operand storage at that address that no dispatched op
@@ -309,8 +310,9 @@ class Watcher(TorchDispatchMode):
         tensors = [a for a in args if isinstance(a, torch.Tensor) and is_real(a)]
         sources = [a for a in tensors if a.numel() == out.numel()]
         if len(sources) == 1 and all(a.numel() <= 1 for a in tensors if a is not sources[0]):
-            key = self.key(out)
+            key, source_key = self.key(out), self.key(sources[0])
             self._derived[key] = self.root_view(sources[0])
+            self._extents[key] = self._extents.get(source_key) or extents.extent_of(source_key, sources[0])
             source_axes = self._axes.get(self.key(sources[0]))
             axes = weight_axes.copy_axes(sources[0], source_axes, out) if source_axes else None
             if axes is not None:
@@ -491,22 +493,30 @@ class Watcher(TorchDispatchMode):
         self.layers.output_views.setdefault(self.view_key(out), layer)
         self.layers.set_input_shape(layer, tuple(other.shape))
         view = self.root_view(other)
-        as_is = view == self.view_key(other)
-        self.layers.add_input(layer, self.key(other), view, fingerprint(other) if as_is else None)
-        if as_is:
-            self.layers.add_region(other, view)
+        region = self._region(other, view)
+        data = region.read() if region is not None else None  # a copy's source: its data, not the copy's
+        self.layers.add_input(layer, self.key(other), view, fingerprint(data) if data is not None else None)
+        if data is not None:
+            self.layers.add_region(region, view)
+
+    def _region(self, t: torch.Tensor, view: tuple) -> extents.Extent | None:
+        """The bytes `view` (t's root view) covers: t's own where t is that view, its copy's source's where t is a
+        followed copy (or a view of one) of it; None for a wrapper subclass (DTensor: no plain storage)."""
+        if type(t) is not torch.Tensor:
+            return None
+        key = self.key(t)
+        return extents.extent_of(key, t) if view == self.view_key(t) else self._extents.get(key)
 
     def input_layers_overlapping(self, t: torch.Tensor) -> frozenset:
-        """Layers whose forward input (held as is) shares bytes of `t`'s storage and still holds the data it held
-        then: a slice of a layer's input (a K-slice in a split-K GEMM) is that layer's input."""
-        if type(t) is not torch.Tensor:  # a wrapper subclass (DTensor) has no plain storage to slice
+        """Layers whose forward input (or the source of the copy that GEMM read) shares bytes with `t`, or with the
+        source of the copy `t` views, and still holds the data it held then: a slice of a layer's input (a K-slice
+        in a split-K GEMM), or a cast of one, is that layer's input."""
+        probe = self._region(t, self.root_view(t)) if type(t) is torch.Tensor else None
+        if probe is None:
             return frozenset()
-        key, span, found = self.key(t), byte_span(t), frozenset()
-        nbytes = t.untyped_storage().nbytes()  # a storage resized since holds the input no more
-        for start, end, view, shape, stride, size in self.layers.input_regions.get(key, ()):
-            if start < span[1] and span[0] < end and size == t.element_size() and end <= nbytes:
-                whole = t.as_strided(shape, stride, view[1])  # the input as it was viewed, in today's storage
-                found |= self.layers.layers_of_input_view(view, fingerprint(whole))
+        found = frozenset()
+        for view, whole in extents.overlapping(self.layers.input_regions.get(probe.key, ()), probe):
+            found |= self.layers.layers_of_input_view(view, fingerprint(whole))
         return found
 
     def set_phase(self, name: str) -> None:

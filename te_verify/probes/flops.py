@@ -100,7 +100,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
         as_is = root == watcher.view_key(t)
         data = dispatch.fingerprint(t) if phase != "forward" and as_is else None
         readers = watcher.layers.layers_of_input_view(root, data)
-        if not readers and as_is and phase != "forward":  # a slice of an input (split-K's wgrad over rows)
+        if not readers and phase != "forward":  # a slice of an input, or a cast of one (split-K's wgrad over rows)
             readers = watcher.input_layers_overlapping(t)
         input_layers.add(dispatch.only(readers))
         shared |= readers

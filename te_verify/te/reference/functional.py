@@ -80,10 +80,31 @@ def epilogue_bias(b: torch.Tensor, fp8: bool) -> torch.Tensor:
     return b.to(torch.bfloat16) if cast else b
 
 
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype TE computes a layer in under torch.autocast (its `activation_dtype`), None outside one."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+
+
 def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                    need_wgrad: bool, need_dgrad: bool):
     """out = x @ w.T + b; returns (out, saved) with saved = (x copy, its scale_inv, w copy, its scale_inv, meta).
-    The copies saved are those backward reads: a block-scaled recipe's columnwise copies (block_recipe)."""
+    The copies saved are those backward reads: a block-scaled recipe's columnwise copies (block_recipe).
+
+    Under torch.autocast, as TE's modules (base.py set_activation_dtype, linear.py cast_if_needed): the input and
+    weight cast to the autocast's dtype where not quantized, the bias cast to it, the output in it (so the casts are
+    what backward keeps), and the GEMM itself not autocast (TE's is no aten op)."""
+    act = autocast_dtype(x)
+    if act is None:
+        return _forward(state, x, w, b, need_wgrad, need_dgrad, x.dtype)
+    fp8 = is_fp8_enabled()
+    with torch.autocast(x.device.type, enabled=False):
+        return _forward(state, x if fp8 else x.to(act), w if fp8 else w.to(act), None if b is None else b.to(act),
+                        need_wgrad, need_dgrad, act)
+
+
+def _forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, need_wgrad: bool,
+             need_dgrad: bool, out_dtype: torch.dtype):
     fp8 = gemm_fp8 = is_fp8_enabled()
     x2d = _as_2d(x)
     meta = torch.tensor([float(fp8)], device=x.device)
@@ -111,7 +132,7 @@ def linear_forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch
         log_saved(state.label, "input", saved_x.numel() * saved_x.element_size() if fp8 else 0, fp8)
     if saved_w is not None:
         log_saved(state.label, "weight", saved_w.numel() * saved_w.element_size() if fp8 else 0, fp8)
-    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0]), (saved_x, x_si, saved_w, w_si, meta)
+    return out.to(out_dtype).reshape(*x.shape[:-1], w.shape[0]), (saved_x, x_si, saved_w, w_si, meta)
 
 
 def check_alive(state: LayerState, meta: torch.Tensor) -> None:
