@@ -231,3 +231,11 @@ def test_each_recipe_is_judged_by_the_te_recipe_class_it_builds(monkeypatch):
     falls_back = {recipe for recipe, config in te.items()
                   if compile_path.expected_fallback(HP.replace(te=config), False)}
     assert falls_back == {"delayed", "custom"}
+
+
+def test_torch_autocast_cases_are_unsupported_naming_the_attribution_limit():
+    # te_verify cannot attribute GEMMs over autocast's weight copies made inside the compiled graph (gemm_work).
+    backend = TorchCompileTEBackend()
+    autocast = CaseSpec("te_autocast", SQUARE4, FROZEN_1010, FROZEN_1010, False, (16,), te=TEConfig(), autocast="bf16")
+    assert "torch.autocast's bf16 weight copies" in backend.unsupported_reason(autocast)
+    assert backend.unsupported_reason(HP) is None
