@@ -16,25 +16,13 @@ from te_verify.checks.collective_dtypes import collective_dtypes
 from te_verify.checks.collectives import Collective, ParamInfo
 from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
+from te_verify.distributed.policy import has_policy, policy_dtypes
 from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.distributed.schedule import reference_iterations
 from te_verify.models import frozen_at_backward
 from te_verify.record import Record
 from te_verify.run.runner import run_fp64_eager
 from te_verify.spec import CaseSpec
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-
-
-def has_policy(spec: CaseSpec) -> bool:
-    return spec.dist is not None and bool(spec.dist.param_dtype or spec.dist.reduce_dtype)
-
-
-def policy_dtypes(spec: CaseSpec) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(param dtype, reduce dtype) as torch dtypes; None where the policy leaves the wrapper's default."""
-    return (TORCH_DTYPES.get(spec.dist.param_dtype), TORCH_DTYPES.get(spec.dist.reduce_dtype))
-
 
 def reference_spec(spec: CaseSpec) -> CaseSpec:
     """Single-process eager computing as the policy's wrapper does: forward under autocast in the param dtype (a

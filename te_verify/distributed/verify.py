@@ -21,8 +21,9 @@ from te_verify.distributed.declare import REGISTERED
 from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_dist_case
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
-from te_verify.distributed.precision import (has_policy, policy_collectives, policy_schedule_truth, policy_trajectories,
-                                            policy_truth, reference_spec, rounded_start, start_of)
+from te_verify.distributed.policy import has_policy
+from te_verify.distributed.precision import (policy_collectives, policy_schedule_truth, policy_trajectories, policy_truth,
+                                            reference_spec, rounded_start, start_of)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import microbatches
 from te_verify.distributed.schedule import reference_iterations

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from te_verify.distributed.precision import TORCH_DTYPES, has_policy
+from te_verify.distributed.policy import TORCH_DTYPES, has_policy
 from te_verify.distributed.types import WrapperError
 from te_verify.spec import CaseSpec
 

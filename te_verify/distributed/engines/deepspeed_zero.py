@@ -47,7 +47,7 @@ from te_verify.distributed.types import Engine
 from te_verify.distributed.engines.deepspeed_bf16 import (cast_inputs, is_bf16_optimizer, master_value,
                                                           precision_config)
 from te_verify.distributed.engines.gathered import zero3_gathered
-from te_verify.distributed.precision import has_policy
+from te_verify.distributed.policy import has_policy
 from te_verify.distributed.rank.training import microbatches, te_stack
 from te_verify.training import StateBytes, TrainStep, sgd
 from te_verify.distributed.types import (Wrapped, WrapperError, options, param_slots, param_tensors, units_of,

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
-from te_verify.distributed.precision import policy_dtypes
+from te_verify.distributed.policy import policy_dtypes
 from te_verify.distributed.types import (Wrapped, WrapperError, grad_of, options, param_slots, param_tensors,
                                          storage_bytes, units_of, value_of)
 from te_verify.spec import CaseSpec
