@@ -12,18 +12,15 @@ import pytest
 
 from planted_mixed_precision import (fsdp2_policy_as_specified, fsdp2_policy_grad_one_percent_high,
                                      fsdp2_reduce_dtype_unset)
-from te_verify.distributed.pool.pool import RankPool
 from te_verify.distributed.verify import verify_dist
 from te_verify.matrix.dist import mixed_precision_specs
 
 PR = {spec.dist.wrapper: spec for spec in mixed_precision_specs("smoke")}
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = RankPool(world_size=2, case_timeout_s=60.0)
-    yield pool
-    pool.close(graceful=True)
+@pytest.fixture
+def pool(rank_pool):  # the session's pool (same size and timeout): no pool start of its own
+    return rank_pool
 
 
 def _verdicts(pool, spec, wrap=None) -> dict:
