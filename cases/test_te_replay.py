@@ -39,8 +39,8 @@ def test_te_replay(case):
     outputs_ref = quantized if te_modules else ref
     tol = tolerance_for(spec, case.backend_name)
     got = run_te(case, follow=quantized if spec.te.recipe else ref)
-    # High precision: gradients and parameters against the fp64 truth too (within a factor of eager's error, as
-    # verify_te_stack judges them): another bf16 accumulation order over the replays is not a fault.
+    # High precision: outputs, gradients and parameters against the fp64 truth too (within a factor of eager's error,
+    # as verify_te_stack judges them): another bf16 accumulation order over the replays is not a fault.
     bound = high_precision_bound(spec, ref) if spec.te.recipe is None else None
     scale = grad_scale(spec.id, case.backend_name, ref, got, bound) if bound is not None else None
     values = (fp8_value_verdicts(case, got, quantized, outputs=False) if spec.te.recipe
@@ -49,7 +49,7 @@ def test_te_replay(case):
                     scale, *bf16_resolution(spec, case.backend_name, ref, got, scale),
                     params_after_steps(spec.id, case.backend_name, ref, got, tol, bound)])
     case.require([ending(spec.id, case.backend_name, ref, got),
-                  output_parity(spec.id, case.backend_name, outputs_ref, got, tol),
+                  output_parity(spec.id, case.backend_name, outputs_ref, got, tol, bound),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *values,
                   *leftover_verdicts(spec.id, case.backend_name, ref, got),

@@ -79,6 +79,7 @@ def block_specs(tier: str, pr: Callable[[str], CaseSpec], nightly: Callable[[str
 
 
 UNRESOLVED_BF16_MASKS = ((False, False, True, True), (False, True, True, False))
+UNRESOLVED_BF16_REPLAYS = (("alternating", 3),)
 
 
 def bf16_stack(family: str, weight_frozen: tuple[bool, ...], bias_frozen, x_grad: bool, te: dict | None = None,
@@ -173,8 +174,10 @@ def replay_specs(tier: str) -> list[CaseSpec]:
                       te=TEConfig(recipe=rec)) for p in patterns for r in replays for rec in recipes]
     if tier != "smoke":
         specs += bitfit("te_replay", NON_SQUARE4, (None, "delayed"), (True,), replays=2)
-        specs += [bf16_stack("te_replay", named_masks(4)[p], named_masks(4)[p], True, replays=r)  # bf16 (issue 34)
-                  for p in patterns for r in replays]
+        # bf16 (issue 34), but for the alternating mask over 3 replays: its 1.bias's allowance passes 1% at iteration
+        # 3 at BF16_STACK's size (grad_scale_resolution fails on eager's own noise), so a 1% lean there would pass.
+        specs += [bf16_stack("te_replay", named_masks(4)[p], named_masks(4)[p], True, replays=r)
+                  for p in patterns for r in replays if (p, r) not in UNRESOLVED_BF16_REPLAYS]
     specs += block_specs(tier, lambda r: block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["alternating"],
                                                     named_masks(4)["alternating"], True, replays=2),
                          lambda r: [block_spec("te_replay", r, NON_SQUARE4, named_masks(4)["prefix"],
