@@ -34,12 +34,14 @@ from te_verify.run.isolation import fresh_case
 from te_verify.distributed.schedule import scheduled_iterations
 from te_verify.models import (FAMILIES, CaseInputs, apply_schedule, build_model, freeze, make_inputs, set_frozen,
                               unfreeze_all)
+from te_verify.probes import dispatch
 from te_verify.probes.flops import GemmProbe
 from te_verify.probes.memory import PeakMemoryProbe
 from te_verify.probes.retention import Retention
 from te_verify.probes.saved import SavedTensorsProbe
 from te_verify.run.process_state import kept
 from te_verify.record import TensorState
+from te_verify.run.iteration_probes import IterationProbes
 from te_verify.run.runner import input_states, set_phase
 from te_verify.spec import CaseSpec
 
@@ -92,6 +94,9 @@ class RankOutcome:
     # raised at a change (None: nothing).
     scheduled_grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
     schedule_error: str | None = None
+    # The waste probes' (figures, observations) of each later iteration (2, 3, ...) this rank ran probed: a wrapper's
+    # steps after the measured one, a schedule's iterations, an engine's (checks.iterations judges each).
+    later: dict[int, tuple[dict, dict]] = field(default_factory=dict)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
@@ -179,6 +184,7 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
     observe = wrapped.gathered_bytes is not None
     probes = rank_probes(wrapped, spec)
+    later = IterationProbes(lambda: rank_probes(wrapped, spec), {})
     with Retention(True) as retention:  # entered first: on CPU it tracks from the measured step on
         outcome = _measured_step(rank, spec, wrapped, x, cotangent, counter, timeline, probes, observe)
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
@@ -189,13 +195,15 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         # second iteration's forward, or of the third with static_graph=True (its first iteration all-reduces late);
         # a one-time allocation (torch.nn.parallel.DistributedDataParallel._rebuild_buckets), measured here.
         if wrapped.train is not None:
-            _train_steps(spec, wrapped, x, cotangent, counter, outcome)
+            _train_steps(spec, wrapped, x, cotangent, counter, outcome, later)
         outcome.observations["retained"] = retention.second_step(
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
-            step=_later_step(spec, wrapped, counter))
+            step=_later_step(spec, wrapped, counter, later))
     if spec.schedule and wrapped.train is None:  # after every observation of the measured step
-        outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
-                                                                               counter)
+        with dispatch.session():
+            outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
+                                                                                   counter, later)
+    outcome.later = later.later
     if spec.schedule:  # what the run left: the schedule's last masks
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
     settle_collectives()  # while `wrapped` and its buffers are alive
@@ -251,16 +259,19 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
 
 
 def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
-                 counter: CollectiveCounter, outcome: RankOutcome) -> None:
+                 counter: CollectiveCounter, outcome: RankOutcome, later: IterationProbes) -> None:
     """An engine's optimizer step after the measured iteration, then spec.iterations - 1 more whole iterations, all
-    under the collective counter; the parameters after every step and the engine's state after the last."""
+    under the collective counter, each under `later`'s probes (its first microbatch, as the measured one's); the
+    parameters after every step and the engine's state after the last."""
     for k in range(spec.iterations):
         counter.iteration, counter.microbatch = k, 0
         with counter.patched():
             if k:
                 apply_schedule(wrapped.layers, spec, k + 1)  # a freeze schedule's change, if any, before iteration k+1
-                run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
-                              lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
+                with later.around(k + 1) as probes:
+                    run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
+                                  lambda phase, microbatch: _set_phases(counter, probes, phase, microbatch))
+                    set_phase(probes, "idle")
             counter.phase = "step"
             wrapped.train.step()
         outcome.params_after_steps.append(to_host(wrapped.full_params()))
@@ -295,10 +306,12 @@ def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> N
     wrapped.train.step()
 
 
-def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter) -> Callable[[CaseInputs], None]:
+def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter,
+                later: IterationProbes) -> Callable[[CaseInputs], None]:
     """The retention check's later steps: an engine's whole iterations (unobserved); a wrapper's forward and backward,
-    each under the collective counter as the next iteration (2, 3, 4: frozen_collectives judges every iteration), but
-    under a freeze schedule, whose iterations distributed.schedule runs and counts."""
+    each under the collective counter and `later`'s probes as the next iteration (2, 3, 4: frozen_collectives and the
+    rank's waste checks judge every iteration), but under a freeze schedule, whose iterations distributed.schedule
+    runs, counts and probes."""
     if wrapped.train is not None:
         return lambda inputs: _engine_iteration(spec, wrapped, inputs)
 
@@ -307,12 +320,14 @@ def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter) ->
             wrapped.module(inputs.x).backward(inputs.grad_output)
             return
         counter.iteration += 1
-        with counter.patched():
-            counter.phase = "forward"
+        with counter.patched(), later.around(counter.iteration + 1) as probes:
+            _set_phases(counter, probes, "forward")
             out = wrapped.module(inputs.x)
-            counter.phase = "backward"
+            _set_phases(counter, probes, "backward")
             out.backward(inputs.grad_output)
             counter.phase = "step"
+            set_phase(probes, "idle")
+        dispatch.set_phase("second step")  # the retention's measure goes on tracking the rest of the step
     return step
 
 
