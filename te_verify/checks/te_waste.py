@@ -40,7 +40,7 @@ def _work_by_site(events: list) -> tuple[Counter, Counter, Counter | None]:
     return count, flops, read if all(hasattr(e, "operand_bytes") for e in events) else None
 
 
-def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
+def work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
     need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
     split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events."""
@@ -69,11 +69,11 @@ def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     return problems
 
 
-def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
-    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required and their ratio, and the
-    GEMMs and FLOPs by role."""
+def flops_figures(spec: CaseSpec, events: list, pairs: int = 1) -> dict[str, Any]:
+    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required (of `pairs` forward and
+    backward runs of `spec`: a microbatch family's) and their ratio, and the GEMMs and FLOPs by role."""
     gemms = [e for e in events if e.role != "bgrad"]
-    actual, required = sum(e.flops for e in gemms), required_flops(spec)
+    actual, required = sum(e.flops for e in gemms), pairs * required_flops(spec)
     by_role: Counter = Counter()
     for e in gemms:
         by_role[e.role] += e.flops
@@ -84,11 +84,13 @@ def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SiteGemm:
-    """An aten GEMM (probes.flops) seen as a site's: its layer label ("?" when unattributed), role and FLOPs."""
+    """An aten GEMM (probes.flops) seen as a site's: its layer label ("?" when unattributed), role and FLOPs, and the
+    index of the pass it ran in (a microbatch's, where a runner labels them: run.microbatch)."""
 
     layer: str
     role: str
     flops: int
+    pass_index: int = 0
 
 
 def measured_gemms(spec: CaseSpec, record: Record) -> list | None:
@@ -98,8 +100,8 @@ def measured_gemms(spec: CaseSpec, record: Record) -> list | None:
         return record.observations["gemm_log"]
     if "gemm_events" in record.observations:
         labels = [site.label for site in sites(spec)]
-        return [SiteGemm("?" if e.layer is None or e.layer >= len(labels) else labels[e.layer], e.role, e.flops)
-                for e in record.observations["gemm_events"]]
+        return [SiteGemm("?" if e.layer is None or e.layer >= len(labels) else labels[e.layer], e.role, e.flops,
+                         e.pass_index) for e in record.observations["gemm_events"]]
     return None
 
 
@@ -123,17 +125,20 @@ def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Recor
     return Verdict("gemm_sources_agree", True, figures=figures)
 
 
+def unmeasured_calls(record: Record) -> list[str]:
+    """TE's grouped-tensor path (real TE on sm90+): tex calls whose GEMMs the counts miss, said first."""
+    unmeasured = sorted(set(getattr(record.observations.get("tex_record"), "unmeasured", [])))
+    return [f"TE called tex.{', tex.'.join(unmeasured)}, whose GEMMs the tex record does not measure per group; the "
+            f"GEMM counts are incomplete"] if unmeasured else []
+
+
 def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
     """Each layer spends the FLOPs (and at the tex boundary reads the operand bytes) of exactly the required GEMMs:
-    one fprop in the forward, per backward pass a dgrad and a wgrad where required (_work_problems)."""
+    one fprop in the forward, per backward pass a dgrad and a wgrad where required (work_problems)."""
     events = measured_gemms(spec, record)
     if events is None:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: no GEMM record (run without its probe?)")
-    problems = _work_problems(spec, events, record.passes_done)
-    unmeasured = sorted(set(getattr(record.observations.get("tex_record"), "unmeasured", [])))
-    if unmeasured:  # TE's grouped-tensor path (real TE on sm90+): its GEMMs are missing from the counts above
-        problems.insert(0, f"TE called tex.{', tex.'.join(unmeasured)}, whose GEMMs the tex record does not measure "
-                           f"per group; the GEMM counts are incomplete")
+    problems = unmeasured_calls(record) + work_problems(spec, events, record.passes_done)
     figures = flops_figures(spec, events)
     if record.error is None and figures["flops_actual"] != figures["flops_required"]:
         problems.append(f"FLOPs {figures['flops_actual']:,} vs {figures['flops_required']:,} required "

@@ -310,8 +310,8 @@ def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter,
                 later: IterationProbes) -> Callable[[CaseInputs], None]:
     """The retention check's later steps: an engine's whole iterations (unobserved); a wrapper's forward and backward,
     each under the collective counter and `later`'s probes as the next iteration (2, 3, 4: frozen_collectives and the
-    rank's waste checks judge every iteration), but under a freeze schedule, whose iterations distributed.schedule
-    runs, counts and probes."""
+    rank's waste checks judge every iteration; an accumulating one's microbatches as in the measured iteration), but
+    under a freeze schedule, whose iterations distributed.schedule runs, counts and probes."""
     if wrapped.train is not None:
         return lambda inputs: _engine_iteration(spec, wrapped, inputs)
 
@@ -321,10 +321,14 @@ def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter,
             return
         counter.iteration += 1
         with counter.patched(), later.around(counter.iteration + 1) as probes:
-            _set_phases(counter, probes, "forward")
-            out = wrapped.module(inputs.x)
-            _set_phases(counter, probes, "backward")
-            out.backward(inputs.grad_output)
+            if spec.microbatches > 1:  # accumulating as in the measured iteration: its probes watch microbatch 1
+                accumulate(spec, wrapped, inputs.x, inputs.grad_output,
+                           lambda name, k: _set_phases(counter, probes, name, k), None, False)
+            else:
+                _set_phases(counter, probes, "forward")
+                out = wrapped.module(inputs.x)
+                _set_phases(counter, probes, "backward")
+                out.backward(inputs.grad_output)
             counter.phase = "step"
             set_phase(probes, "idle")
         dispatch.set_phase("second step")  # the retention's measure goes on tracking the rest of the step
