@@ -49,3 +49,29 @@ def stepping(mode: str) -> Iterator[None]:
             yield
         finally:
             _AFTER_STEP[0] = False
+
+
+class _SteppedCallable:
+    """A TE stack's callable (is_first_microbatch, backward_dw and the rest delegated) that tells the patched GEMM
+    at every forward whether an optimizer step has run."""
+
+    def __init__(self, stack: Any, changed) -> None:
+        self.stack, self.changed = stack, changed
+
+    def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        _AFTER_STEP[0] = self.changed()
+        return self.stack(x, is_first_microbatch=is_first_microbatch)
+
+    __call__ = forward
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stack, name)
+
+
+class SteppedMicrobatchTE(TEEagerBackend):
+    """SteppedTE for the microbatch families (run.microbatch): TE's is_first_microbatch and backward_dw kept."""
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        stack = super().prepare(model, spec)
+        _AFTER_STEP[0] = False
+        return _SteppedCallable(stack, stepped(model))
