@@ -5,18 +5,16 @@ gradient is present or None as eager's (`grad_presence` over the biases: a weigh
 """
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.ending import ending
-from te_verify.checks.iterations import each_iteration
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.presence import grad_presence
 from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.te_compile import te_compile_verdicts
-from te_verify.checks.te_accumulation import microbatch_gemm_work
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix.te import contract_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import output_reference, run_te
+from te_verify.run.te_case import microbatch_waste_verdicts, output_reference, run_te
 
 FAMILY = "te_contract"
 LANE = "te"
@@ -35,6 +33,5 @@ def test_te_contract(case):
                   params_after_steps(spec.id, case.backend_name, ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
-                  *each_iteration(spec, (got,), lambda at, runs: [microbatch_gemm_work(spec.id, case.backend_name, at,
-                                                                                       *runs)]),
+                  *microbatch_waste_verdicts(case, got),
                   *te_compile_verdicts(case, got)])

@@ -14,7 +14,6 @@ import dataclasses
 
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.ending import ending
-from te_verify.checks.iterations import each_iteration
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
@@ -22,13 +21,12 @@ from te_verify.backends.te_eager import skip_unsupported
 from te_verify.checks.state import output_parity, params_after_steps, state_left_behind
 from te_verify.checks.systematic import grad_scale
 from te_verify.checks.te_compile import te_compile_verdicts
-from te_verify.checks.te_accumulation import microbatch_gemm_work
 from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, output_reference, run_te,
-                                   scaling_verdicts)
+from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, microbatch_waste_verdicts,
+                                   output_reference, run_te, scaling_verdicts)
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -58,8 +56,7 @@ def test_te_delayed(case):
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
-                  *each_iteration(spec, (got,), lambda at, runs: [microbatch_gemm_work(spec.id, case.backend_name, at,
-                                                                                       *runs)]),
+                  *microbatch_waste_verdicts(case, got),
                   *scaling_verdicts(case, got),
                   *te_compile_verdicts(case, got)])
 

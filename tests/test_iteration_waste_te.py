@@ -2,14 +2,15 @@
 every fprop twice from the first call after an optimizer step fails gemm_work naming iteration 2; its twin, split-K
 GEMMs from then on (the same FLOPs and operand bytes), passes every iteration (planted_te_iterations). The same
 build under the microbatch families' runner (run.microbatch: two microbatches, delayed wgrad) fails gemm_work naming
-iteration 2 and the microbatch; its twin passes every iteration there too."""
+iteration 2 and the microbatch, and one saving a copy of each microbatch's input from then on fails te_saved_bytes;
+their twins pass every iteration there too."""
 from __future__ import annotations
 
 import pytest
 from planted_te_iterations import SteppedMicrobatchTE, SteppedTE, stepping
 
 from te_verify.checks.iterations import ITERATIONS_FIGURE, each_iteration
-from te_verify.checks.te_accumulation import microbatch_gemm_work
+from te_verify.checks.te_accumulation import microbatch_waste
 from te_verify.checks.te_waste import te_waste
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced, run_microbatches
@@ -53,13 +54,17 @@ MICROBATCHES = CaseSpec("te_delayed", (32, 64, 128, 64, 32), TRAINED, TRAINED, T
                         te=TEConfig(recipe=None, microbatches=2, delay_wgrad=True))
 
 
-def _microbatch_work(mode: str):
+def _microbatch_waste(mode: str, keeps_copy: bool = False) -> dict:
     with stepping(mode):
-        got = run_microbatches(MICROBATCHES, SteppedMicrobatchTE(), default_probes("te_eager"))
+        got = run_microbatches(MICROBATCHES, SteppedMicrobatchTE(keeps_copy), default_probes("te_eager"))
     assert got.error is None, got.error
-    verdicts = each_iteration(MICROBATCHES, (got,),
-                              lambda at, runs: [microbatch_gemm_work(MICROBATCHES.id, "te_eager", at, *runs)])
-    return {v.check: v for v in verdicts}["gemm_work"]
+    verdicts = each_iteration(MICROBATCHES, (got,), lambda at, runs: microbatch_waste(MICROBATCHES.id, "te_eager", at,
+                                                                                       *runs))
+    return {v.check: v for v in verdicts}
+
+
+def _microbatch_work(mode: str):
+    return _microbatch_waste(mode)["gemm_work"]
 
 
 def test_microbatch_te_build_recomputing_fprop_from_iteration_2_fails_gemm_work_naming_it():
@@ -75,3 +80,20 @@ def test_microbatch_clean_twin_splitting_k_from_iteration_2_passes_every_iterati
     assert work.ok, work.message
     assert work.figures[ITERATIONS_FIGURE] == 3 and work.figures["microbatches"] == 2
     assert work.figures["flops_actual"] == work.figures["flops_required"] > 0
+
+
+def test_microbatch_te_build_saving_a_copy_from_iteration_2_fails_te_saved_bytes_naming_it():
+    verdicts = _microbatch_waste("te", keeps_copy=True)
+    saved = verdicts["te_saved_bytes"]
+    assert not saved.ok and saved.message.startswith("iteration 2: "), saved.message
+    assert "saved-for-backward 40,960 B in 10 tensors vs 32,768 B in 6 required" in saved.message, saved.message
+    assert "no FP8 copy or layer input accounts for: 2 x float32[16, 32] (4,096 B)" in saved.message
+    assert "iteration 3: " in saved.message and "iteration 1" not in saved.message
+    assert verdicts["gemm_work"].ok, verdicts["gemm_work"].message
+
+
+def test_microbatch_clean_twin_saves_each_microbatchs_inputs_at_every_iteration():
+    saved = _microbatch_waste("te")["te_saved_bytes"]
+    assert saved.ok, saved.message
+    assert saved.figures[ITERATIONS_FIGURE] == 3
+    assert (saved.figures["saved_bytes_actual"], saved.figures["saved_count_actual"]) == (32_768, 6)

@@ -1,13 +1,17 @@
-"""The TE lane's GEMM work over a microbatch iteration (te_contract, te_delayed: run.microbatch labels each
-microbatch's forward ("forward", m) and backward ("backward", m), backward_dw included): `gemm_work` as
-checks.te_waste judges one forward and backward, for every microbatch in its own passes (checks.accumulation's rule
-for the torch lane), from the same sources below TE (the tex record, or aten under a pure-PyTorch --te-impl)."""
+"""The TE lane's waste over a microbatch iteration (te_contract, te_delayed: run.microbatch labels each microbatch's
+forward ("forward", m) and backward ("backward", m), backward_dw included): `gemm_work` as checks.te_waste judges one
+forward and backward, for every microbatch in its own passes (checks.accumulation's rule for the torch lane), from
+the same sources below TE (the tex record, or aten under a pure-PyTorch --te-impl); `te_saved_bytes` in high
+precision, each microbatch's inputs kept for its own backward (an FP8 case's weight copies are TE's is_first_microbatch
+cache, alive between the microbatches' forwards whatever backward keeps: no oracle says which of its copies backward
+may hold yet, so the row says "not judged" there)."""
 from __future__ import annotations
 
 import dataclasses
 
-from te_verify.checks.te_waste import flops_figures, measured_gemms, unmeasured_calls, work_problems
+from te_verify.checks.te_waste import flops_figures, measured_gemms, saved_bytes, unmeasured_calls, work_problems
 from te_verify.checks.verdict import Verdict, not_observed
+from te_verify.oracle.required import RequiredSaved, required_saved
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -40,3 +44,20 @@ def microbatch_gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Rec
     if problems:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: " + "; ".join(problems), figures)
     return Verdict("gemm_work", True, figures=figures)
+
+
+FP8_SAVED = ("not judged: an FP8 microbatch case's weight copies are TE's is_first_microbatch cache, which no oracle "
+             "splits into what backward may keep yet")
+
+
+def microbatch_waste(case_id: str, backend: str, spec: CaseSpec, record: Record) -> list[Verdict]:
+    """gemm_work over the iteration's microbatches, and in high precision te_saved_bytes: every microbatch's saves
+    (its inputs, for its own wgrads) are one pair's, te.microbatches times, however the passes were ordered."""
+    verdicts = [microbatch_gemm_work(case_id, backend, spec, record)]
+    if spec.te.recipe is not None:
+        return verdicts
+    if record.error is not None:
+        return verdicts + [not_observed("te_saved_bytes", case_id, backend, "the run raised (ending says how)")]
+    pair, count = required_saved(pair_of(spec)), spec.te.microbatches
+    need = RequiredSaved(count * pair.nbytes, count * pair.count, pair.items * count)
+    return verdicts + [saved_bytes(case_id, backend, spec, record, need)]

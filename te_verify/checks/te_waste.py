@@ -19,7 +19,8 @@ from te_verify.oracle.copy_bytes import BLOCK_FORMAT
 from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
-from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
+from te_verify.oracle.required import (RequiredSaved, graph_exists, operand_bytes, required_flops, required_roles,
+                                      required_saved, sites)
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -216,9 +217,11 @@ def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     return events + _cast_copies(spec, record) + _unaccounted(record)
 
 
-def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
-    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's, exactly."""
-    need = required_saved(spec)
+def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record,
+                need: RequiredSaved | None = None) -> Verdict:
+    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's (or `need`, what a
+    microbatch iteration requires: checks.te_accumulation), exactly."""
+    need = need or required_saved(spec)
     figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
     if "saved_count_raw" not in record.figures:
         figures.update(saved_bytes_actual=UNKNOWN, saved_count_actual=UNKNOWN, saved_bytes_ratio=UNKNOWN)

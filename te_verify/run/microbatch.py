@@ -207,7 +207,7 @@ def _run_microbatches(spec: CaseSpec, backend, probes, dtype: torch.dtype | None
     model, fn = prepared
     watchers = bind_probes([p for p in probes if getattr(p, "spans_iterations", False)], model)
     probes = [p for p in probes if p not in watchers]
-    with watching(watchers, fn, record), dispatch.session(bool(probes)):  # one watcher over every iteration
+    with watching(watchers, fn, record):
         _train_microbatches(spec, fn, model, record, probes, dtype, follow, watchers)
     return record
 
@@ -216,6 +216,15 @@ def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Reco
                         dtype: torch.dtype | None, follow: Record | None, watchers: list) -> None:
     trainer = MicrobatchTrainer(spec, fn, model, record, dtype, follow, watchers)
     record.inputs_before.update(trainer.inputs_states())
+    with dispatch.session(bool(probes)):  # one watcher over every iteration, from after the batches were made
+        _probed_iterations(spec, trainer, model, record, probes)
+    record.requires_grad_after = requires_grad_of(model)
+    record.inputs_after.update(trainer.inputs_states())
+
+
+def _probed_iterations(spec: CaseSpec, trainer: MicrobatchTrainer, model: torch.nn.Module, record: Record,
+                       probes: list) -> None:
+    """The first iteration under `probes` with the contract's observations, then the later ones (each probed)."""
     watch = ContractWatch(spec, model, record)
     trainer.labels = bind_probes(probes, model)  # each pass labelled with its microbatch (checks.accumulation)
     for probe in probes:
@@ -233,8 +242,6 @@ def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Reco
     record.state_after = model_state(model)
     watch.finish()
     _later_iterations(trainer, record, IterationProbes.like(probes, model, record))
-    record.requires_grad_after = requires_grad_of(model)
-    record.inputs_after.update(trainer.inputs_states())
 
 
 def _later_iterations(trainer: MicrobatchTrainer, record: Record, later: IterationProbes) -> None:
