@@ -97,3 +97,27 @@ def test_microbatch_clean_twin_saves_each_microbatchs_inputs_at_every_iteration(
     assert saved.ok, saved.message
     assert saved.figures[ITERATIONS_FIGURE] == 3
     assert (saved.figures["saved_bytes_actual"], saved.figures["saved_count_actual"]) == (32_768, 6)
+
+
+TIED = MICROBATCHES.replace(widths=(32,) * 5, te=TEConfig(recipe=None, microbatches=2, delay_wgrad=True, tied=(1, 2)))
+
+
+def _tied_work(mode: str):
+    with stepping(mode):
+        got = run_microbatches(TIED, SteppedMicrobatchTE(), default_probes("te_eager"))
+    assert got.error is None, got.error
+    verdicts = each_iteration(TIED, (got,), lambda at, runs: microbatch_waste(TIED.id, "te_eager", at, *runs))
+    return {v.check: v for v in verdicts}["gemm_work"]
+
+
+def test_tied_weight_gemms_judged_together_a_recomputed_fprop_fails_naming_the_tied_layer():
+    work = _tied_work("recompute")
+    assert not work.ok and work.message.startswith("iteration 2: "), work.message
+    assert "microbatch 1: layer 1 (tied weight): 4 fprop GEMMs, 2 required (FLOPs 131,072 vs 65,536" in work.message
+    assert "layer 2" not in work.message  # provenance names the Parameter's layer for both uses
+
+
+def test_tied_weight_clean_twin_splitting_k_passes_every_iteration():
+    work = _tied_work("split_k")
+    assert work.ok, work.message
+    assert work.figures[ITERATIONS_FIGURE] == 3

@@ -41,6 +41,30 @@ def _work_by_site(events: list) -> tuple[Counter, Counter, Counter | None]:
     return count, flops, read if all(hasattr(e, "operand_bytes") for e in events) else None
 
 
+def tied_labels(spec: CaseSpec) -> dict[str, str]:
+    """The sites sharing a tied weight (TEConfig.tied), each label -> the first's: provenance names the Parameter's
+    layer for all their GEMMs, so they are judged together."""
+    tied = spec.te.tied if spec.te is not None else ()
+    labels = {site.layer: site.label for site in sites(spec)}
+    return {labels[k]: labels[tied[0]] for k in tied} if tied else {}
+
+
+def _required_work(spec: CaseSpec, passes: int, measured: tuple[str, ...]) -> dict[tuple[str, str], tuple]:
+    """(label, role) -> (GEMMs, FLOPs, operand bytes, why not required) the required GEMMs spend; tied sites summed
+    under the first's label."""
+    group, want = tied_labels(spec), {}
+    for site in sites(spec):
+        roles, layer = site.roles(), group.get(site.label, site.label)
+        for role in ("fprop", *measured):
+            n = 1 if role == "fprop" else (passes if role in roles else 0)
+            nbytes = 0 if role == "bgrad" else n * operand_bytes(spec, site, role)
+            why = f" ({_why(role)})" if role != "fprop" and role not in roles else ""
+            old = want.get((layer, role), (0, 0, 0, why))
+            want[(layer, role)] = (old[0] + n, old[1] + n * site.gemm_flops() * (role != "bgrad"), old[2] + nbytes,
+                                   old[3])
+    return want
+
+
 def work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
     need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
@@ -50,23 +74,20 @@ def work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     measured = ("dgrad", "wgrad", "bgrad") if any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
     unattributed = sum(e.layer == "?" for e in events)
     problems = [f"{unattributed} GEMM(s) not attributable to a layer"] if unattributed else []
-    for site in sites(spec):
-        layer, roles = site.label, site.roles()
-        for role in ("fprop", *measured):
-            want = 1 if role == "fprop" else (passes if role in roles else 0)
-            got = count[(layer, role)]
-            label = f"layer {layer}" + (f" ({_why(role)})" if role != "fprop" and role not in roles else "")
-            line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
-            if role == "bgrad":
-                problems += [line] if got != want else []
-                continue
-            want_flops, want_bytes = want * site.gemm_flops(), want * operand_bytes(spec, site, role)
-            spent = flops[(layer, role)]
-            figures = [f"FLOPs {spent:,} vs {want_flops:,}"] if spent != want_flops else []
-            if read is not None and read[(layer, role)] != want_bytes:
-                figures.append(f"operand bytes {read[(layer, role)]:,} vs {want_bytes:,}")
-            if figures:
-                problems.append(f"{line} ({', '.join(figures)} required)")
+    tied = set(tied_labels(spec).values())
+    for (layer, role), (want, want_flops, want_bytes, why) in _required_work(spec, passes, measured).items():
+        got = count[(layer, role)]
+        label = f"layer {layer}" + (" (tied weight)" if layer in tied else "") + why
+        line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
+        if role == "bgrad":
+            problems += [line] if got != want else []
+            continue
+        spent = flops[(layer, role)]
+        figures = [f"FLOPs {spent:,} vs {want_flops:,}"] if spent != want_flops else []
+        if read is not None and read[(layer, role)] != want_bytes:
+            figures.append(f"operand bytes {read[(layer, role)]:,} vs {want_bytes:,}")
+        if figures:
+            problems.append(f"{line} ({', '.join(figures)} required)")
     return problems
 
 
