@@ -14,7 +14,7 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import tolerance_for
 from te_verify.matrix.te import contract_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import output_reference, run_te
+from te_verify.run.te_case import microbatch_waste_verdicts, output_reference, run_te
 
 FAMILY = "te_contract"
 LANE = "te"
@@ -33,4 +33,5 @@ def test_te_contract(case):
                   params_after_steps(spec.id, case.backend_name, ref, got, tol),
                   state_left_behind(spec.id, case.backend_name, ref, got, tol),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
+                  *microbatch_waste_verdicts(case, got),
                   *te_compile_verdicts(case, got)])

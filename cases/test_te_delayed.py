@@ -25,8 +25,8 @@ from te_verify.checks.te_contract import return_contract
 from te_verify.checks.tolerances import DTYPE_TOLERANCES, Tolerance, tolerance_for
 from te_verify.matrix.te import delayed_specs as SPECS  # noqa: F401
 from te_verify.run.microbatch import run_microbatches
-from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, output_reference, run_te,
-                                   scaling_verdicts)
+from te_verify.run.te_case import (bf16_resolution, fp8_judged_against, high_precision_bound, microbatch_waste_verdicts,
+                                   output_reference, run_te, scaling_verdicts)
 
 FAMILY = "te_delayed"
 LANE = "te"
@@ -56,6 +56,7 @@ def test_te_delayed(case):
                   output_parity(spec.id, case.backend_name, ref, got, BITWISE),
                   state_left_behind(spec.id, case.backend_name, ref, got, BITWISE),
                   *leftover_verdicts(spec.id, case.backend_name, ref, got, second_step=False),
+                  *microbatch_waste_verdicts(case, got),
                   *scaling_verdicts(case, got),
                   *te_compile_verdicts(case, got)])
 

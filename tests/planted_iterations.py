@@ -125,3 +125,39 @@ class KeepsOutputsFromThirdIteration(_Recompiles):
 
         run.kept = kept
         return run
+
+
+def _dp_recompiling_after_first_call(model: torch.nn.Module, spec: CaseSpec, recompiled):
+    """A hand-written data-parallel wrapper (grad_divisor 1; each trainable gradient summed over the ranks from a
+    post-accumulate hook at every call) whose layers run as eager's on its first call and, from its second on (its
+    'recompiled' path), each through `recompiled(x, layer)`."""
+    import torch.distributed as dist
+
+    from te_verify.distributed.types import Wrapped, grad_of, param_slots, param_tensors, units_of, value_of
+
+    slots, layers, calls = param_slots(model), units_of(model, spec), [0]
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 1:
+            return model(x)
+        for layer in model:
+            x = recompiled(x, layer)
+        return x
+
+    return Wrapped(forward, layers, lambda: param_tensors(slots, grad_of), lambda: param_tensors(slots, value_of),
+                   lambda: [0] * len(layers), 1.0)
+
+
+def dp_losing_frozen_after_first_call(model, spec):
+    """Planted: from its second call on, every frozen layer whose input needs a gradient saves its input and computes
+    its weight gradient, then drops it (LosesFrozenAfterStep's recompiled path)."""
+    return _dp_recompiling_after_first_call(model, spec, LosesFrozenAfterStep.recompiled)
+
+
+def dp_recompiling_correctly_after_first_call(model, spec):
+    """The clean twin: from its second call on, split-K GEMMs (RecompilesCorrectly's path), the same FLOPs and saves."""
+    return _dp_recompiling_after_first_call(model, spec, RecompilesCorrectly.recompiled)

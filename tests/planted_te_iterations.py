@@ -1,4 +1,5 @@
-"""A TE build that does extra GEMMs only from the second iteration on (issue 36, item 1), and its clean twin: TE's
+"""A TE build that does extra GEMMs (or, under the microbatch runner, saves a copy: SteppedMicrobatchTE) only from the
+second iteration on (issue 36, item 1), and its clean twin: TE's
 own Python over the tex emulation with `general_gemm` patched (planted_te_gemms) to TE's own GEMM until the backend's
 parameters change in place (an optimizer step), then to the planted "recompute" GEMM (every fprop GEMM once more, its
 result thrown away) or, in the twin, to the split-K GEMM (two half-K GEMMs: the same FLOPs and operand bytes)."""
@@ -49,3 +50,50 @@ def stepping(mode: str) -> Iterator[None]:
             yield
         finally:
             _AFTER_STEP[0] = False
+
+
+class _KeepsCopy(torch.autograd.Function):
+    """The identity, saving a copy of its input for a backward that never reads it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x * 1.0)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _SteppedCallable:
+    """A TE stack's callable (is_first_microbatch, backward_dw and the rest delegated) that tells the patched GEMM
+    at every forward whether an optimizer step has run; with `keeps_copy`, from then on it also saves a copy of the
+    stack's input for backward (_KeepsCopy)."""
+
+    def __init__(self, stack: Any, changed, keeps_copy: bool) -> None:
+        self.stack, self.changed, self.keeps_copy = stack, changed, keeps_copy
+
+    def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        _AFTER_STEP[0] = self.changed()
+        if self.keeps_copy and _AFTER_STEP[0]:
+            x = _KeepsCopy.apply(x)
+        return self.stack(x, is_first_microbatch=is_first_microbatch)
+
+    __call__ = forward
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stack, name)
+
+
+class SteppedMicrobatchTE(TEEagerBackend):
+    """SteppedTE for the microbatch families (run.microbatch): TE's is_first_microbatch and backward_dw kept; with
+    `keeps_copy`, a copy of each microbatch's input saved from the first call after a step on."""
+
+    def __init__(self, keeps_copy: bool = False) -> None:
+        super().__init__()
+        self.keeps_copy = keeps_copy
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        stack = super().prepare(model, spec)
+        _AFTER_STEP[0] = False
+        return _SteppedCallable(stack, stepped(model), self.keeps_copy)

@@ -1,16 +1,21 @@
 """Waste judged at every iteration (issue 36, item 1): faults that waste only from the second (or third) iteration
 on, planted in the torch lane, the TE lane and a distributed wrapper, each fail their waste check naming the
 iteration; each clean twin, which changes path after the first optimizer step too but stays minimal, passes. The TE
-lane's are in test_iteration_waste_te.py, the distributed wrapper's in test_schedule_dist_planted.py (its rank pool)."""
+lane's are in test_iteration_waste_te.py, the distributed wrapper's in test_schedule_dist_planted.py (its rank pool).
+Also gradient accumulation (two microbatches per iteration): the same backend fails waste_flops naming the iteration
+and both microbatches."""
 from __future__ import annotations
 
 import pytest
 
 from planted_iterations import KeepsOutputsFromThirdIteration, LosesFrozenAfterStep, RecompilesCorrectly
+from te_verify.checks.accumulation import accumulated_work
 from te_verify.checks.iterations import ITERATIONS_FIGURE, each_iteration, spec_at
 from te_verify.checks.verdict import CheckFailures, Verdict
+from te_verify.probes import default_probes
 from te_verify.record import Record
 from te_verify.run.caserun import CaseRun
+from te_verify.run.microbatch import run_microbatches
 from te_verify.spec import CaseSpec
 
 # Layer 1 frozen behind a trained layer 0: its backward runs (dgrad), its wgrad is not needed.
@@ -69,3 +74,28 @@ def test_a_later_iteration_not_completed_is_not_judged():
     record = Record("b", error=RuntimeError("x"), error_iteration=3, later={2: ({"k": 2}, {}), 3: ({"k": 3}, {})})
     verdicts = each_iteration(MIDDLE_FROZEN, (record,), judge)
     assert seen == [None, 2] and verdicts[0].figures[ITERATIONS_FIGURE] == 2
+
+
+# Gradient accumulation on the torch lane (run.microbatch, checks.accumulation): two microbatches per iteration.
+ACCUMULATING = MIDDLE_FROZEN.replace(microbatches=2)
+
+
+def _accumulated(backend) -> Verdict:
+    got = run_microbatches(ACCUMULATING, backend, default_probes(backend.name))
+    assert got.error is None, got.error
+    verdicts = each_iteration(ACCUMULATING, (got,), lambda at, runs: [accumulated_work(at, runs[0], backend.name)])
+    return verdicts[0]
+
+
+def test_accumulating_backend_wasting_from_iteration_2_fails_waste_flops_naming_iteration_and_microbatch():
+    work = _accumulated(LosesFrozenAfterStep())
+    assert not work.ok and work.message.startswith("iteration 2: "), work.message
+    for m in (1, 2):
+        assert f"microbatch {m} backward pass 1: layer 1 (frozen weight): 1 wgrad GEMM, 0 required" in work.message
+    assert "iteration 3: " in work.message and "iteration 1" not in work.message
+
+
+def test_accumulating_clean_twin_passes_every_iteration():
+    work = _accumulated(RecompilesCorrectly())
+    assert work.ok, work.message
+    assert work.figures[ITERATIONS_FIGURE] == 3 and work.figures["microbatches"] == 2

@@ -2,12 +2,15 @@
 it wrapped (DDP's static buckets) leaves a parameter unfrozen later rank-local, and dist_schedule_parity fails naming
 it and the iteration (and gradient_volume the bytes it did not reduce); its clean twin, which hooks every parameter that needs a gradient at each call, passes.
 Also waste from the second iteration on (issue 36, item 1), in this module for its rank pool: a wrapper that from its
-second call all-reduces the frozen parameters too fails frozen_collectives naming iteration 2; its twin passes."""
+second call all-reduces the frozen parameters too fails frozen_collectives naming iteration 2; one that from its second
+call computes a frozen layer's weight gradient (and saves its input for it) fails dist_waste_flops and dist_waste_saved
+naming iterations 2-4 on every rank; their twins pass."""
 from __future__ import annotations
 
 import pytest
 
-from planted_iterations import dp_switching_correctly_after_first_call, dp_syncing_frozen_after_first_call
+from planted_iterations import (dp_losing_frozen_after_first_call, dp_recompiling_correctly_after_first_call,
+                                dp_switching_correctly_after_first_call, dp_syncing_frozen_after_first_call)
 from planted_wrappers import dp_hooking_every_trainable, dp_hooking_trainable_at_wrap
 from te_verify.distributed.pool.pool import RankPool
 from te_verify.checks.verdict import Verdict
@@ -71,3 +74,27 @@ def test_clean_twin_wrapper_switching_its_reduction_after_the_first_call_passes(
     failed = {name: v.message for name, v in verdicts.items() if not v.ok}
     assert not failed, failed
     assert verdicts["frozen_collectives"].figures["frozen_collectives_iterations"] == 4
+
+
+ALTERNATING = _spec("dist_iterations", "ddp", named_masks(4)["alternating"])  # layer 2: frozen, its input needs grad
+
+
+def test_wrapper_computing_frozen_wgrad_from_iteration_2_fails_rank_waste_naming_it(pool):
+    verdicts = {v.check: v for v in verify_dist(ALTERNATING, pool, {}, wrap=dp_losing_frozen_after_first_call)}
+    failed = {name: v.message for name, v in verdicts.items() if not v.ok}
+    assert set(failed) == {"dist_waste_flops", "dist_waste_saved"}, failed
+    for rank in (0, 1):
+        assert (f"iteration 2: {ALTERNATING.id} [ddp rank {rank}, its shard (4,)]: FLOPs 73,728 vs 65,536 required"
+                in failed["dist_waste_flops"]), failed["dist_waste_flops"]
+    flops = failed["dist_waste_flops"]
+    assert "layer 2 (frozen weight): 1 wgrad GEMM, 0 required" in flops, flops
+    assert "iteration 3: " in flops and "iteration 4: " in flops and "iteration 1" not in flops
+    assert failed["dist_waste_saved"].startswith("iteration 2: "), failed["dist_waste_saved"]
+    assert verdicts["dist_waste_flops"].figures["waste_iterations_judged"] == 4
+
+
+def test_clean_twin_wrapper_recompiling_to_split_k_after_the_first_call_passes_every_iteration(pool):
+    verdicts = {v.check: v for v in verify_dist(ALTERNATING, pool, {}, wrap=dp_recompiling_correctly_after_first_call)}
+    failed = {name: v.message for name, v in verdicts.items() if not v.ok}
+    assert not failed, failed
+    assert verdicts["dist_waste_saved"].figures["waste_iterations_judged"] == 4

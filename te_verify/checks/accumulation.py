@@ -20,7 +20,7 @@ def _pair_events(events: list, microbatch: int) -> list:
 
 
 def accumulated_work(spec: CaseSpec, record: Record, backend: str) -> Verdict:
-    """waste_flops over the first iteration's microbatches: every microbatch spends exactly the GEMMs one forward
+    """waste_flops over an iteration's microbatches (checks.iterations gives each its record): every microbatch spends exactly the GEMMs one forward
     and backward of the spec require (fprop always, dgrad where the input needs a gradient, wgrad where the weight
     trains), in the passes of its own microbatch; a GEMM outside every microbatch's passes is waste too."""
     events = record.observations.get("gemm_events")

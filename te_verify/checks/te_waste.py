@@ -19,7 +19,8 @@ from te_verify.oracle.copy_bytes import BLOCK_FORMAT
 from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
-from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
+from te_verify.oracle.required import (RequiredSaved, graph_exists, operand_bytes, required_flops, required_roles,
+                                      required_saved, sites)
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
@@ -40,7 +41,31 @@ def _work_by_site(events: list) -> tuple[Counter, Counter, Counter | None]:
     return count, flops, read if all(hasattr(e, "operand_bytes") for e in events) else None
 
 
-def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
+def tied_labels(spec: CaseSpec) -> dict[str, str]:
+    """The sites sharing a tied weight (TEConfig.tied), each label -> the first's: provenance names the Parameter's
+    layer for all their GEMMs, so they are judged together."""
+    tied = spec.te.tied if spec.te is not None else ()
+    labels = {site.layer: site.label for site in sites(spec)}
+    return {labels[k]: labels[tied[0]] for k in tied} if tied else {}
+
+
+def _required_work(spec: CaseSpec, passes: int, measured: tuple[str, ...]) -> dict[tuple[str, str], tuple]:
+    """(label, role) -> (GEMMs, FLOPs, operand bytes, why not required) the required GEMMs spend; tied sites summed
+    under the first's label."""
+    group, want = tied_labels(spec), {}
+    for site in sites(spec):
+        roles, layer = site.roles(), group.get(site.label, site.label)
+        for role in ("fprop", *measured):
+            n = 1 if role == "fprop" else (passes if role in roles else 0)
+            nbytes = 0 if role == "bgrad" else n * operand_bytes(spec, site, role)
+            why = f" ({_why(role)})" if role != "fprop" and role not in roles else ""
+            old = want.get((layer, role), (0, 0, 0, why))
+            want[(layer, role)] = (old[0] + n, old[1] + n * site.gemm_flops() * (role != "bgrad"), old[2] + nbytes,
+                                   old[3])
+    return want
+
+
+def work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
     need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
     split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events."""
@@ -49,31 +74,28 @@ def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     measured = ("dgrad", "wgrad", "bgrad") if any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
     unattributed = sum(e.layer == "?" for e in events)
     problems = [f"{unattributed} GEMM(s) not attributable to a layer"] if unattributed else []
-    for site in sites(spec):
-        layer, roles = site.label, site.roles()
-        for role in ("fprop", *measured):
-            want = 1 if role == "fprop" else (passes if role in roles else 0)
-            got = count[(layer, role)]
-            label = f"layer {layer}" + (f" ({_why(role)})" if role != "fprop" and role not in roles else "")
-            line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
-            if role == "bgrad":
-                problems += [line] if got != want else []
-                continue
-            want_flops, want_bytes = want * site.gemm_flops(), want * operand_bytes(spec, site, role)
-            spent = flops[(layer, role)]
-            figures = [f"FLOPs {spent:,} vs {want_flops:,}"] if spent != want_flops else []
-            if read is not None and read[(layer, role)] != want_bytes:
-                figures.append(f"operand bytes {read[(layer, role)]:,} vs {want_bytes:,}")
-            if figures:
-                problems.append(f"{line} ({', '.join(figures)} required)")
+    tied = set(tied_labels(spec).values())
+    for (layer, role), (want, want_flops, want_bytes, why) in _required_work(spec, passes, measured).items():
+        got = count[(layer, role)]
+        label = f"layer {layer}" + (" (tied weight)" if layer in tied else "") + why
+        line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
+        if role == "bgrad":
+            problems += [line] if got != want else []
+            continue
+        spent = flops[(layer, role)]
+        figures = [f"FLOPs {spent:,} vs {want_flops:,}"] if spent != want_flops else []
+        if read is not None and read[(layer, role)] != want_bytes:
+            figures.append(f"operand bytes {read[(layer, role)]:,} vs {want_bytes:,}")
+        if figures:
+            problems.append(f"{line} ({', '.join(figures)} required)")
     return problems
 
 
-def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
-    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required and their ratio, and the
-    GEMMs and FLOPs by role."""
+def flops_figures(spec: CaseSpec, events: list, pairs: int = 1) -> dict[str, Any]:
+    """flops_actual (GEMMs; the reference's bgrad reductions excluded), flops_required (of `pairs` forward and
+    backward runs of `spec`: a microbatch family's) and their ratio, and the GEMMs and FLOPs by role."""
     gemms = [e for e in events if e.role != "bgrad"]
-    actual, required = sum(e.flops for e in gemms), required_flops(spec)
+    actual, required = sum(e.flops for e in gemms), pairs * required_flops(spec)
     by_role: Counter = Counter()
     for e in gemms:
         by_role[e.role] += e.flops
@@ -84,11 +106,13 @@ def flops_figures(spec: CaseSpec, events: list) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SiteGemm:
-    """An aten GEMM (probes.flops) seen as a site's: its layer label ("?" when unattributed), role and FLOPs."""
+    """An aten GEMM (probes.flops) seen as a site's: its layer label ("?" when unattributed), role and FLOPs, and the
+    index of the pass it ran in (a microbatch's, where a runner labels them: run.microbatch)."""
 
     layer: str
     role: str
     flops: int
+    pass_index: int = 0
 
 
 def measured_gemms(spec: CaseSpec, record: Record) -> list | None:
@@ -98,8 +122,8 @@ def measured_gemms(spec: CaseSpec, record: Record) -> list | None:
         return record.observations["gemm_log"]
     if "gemm_events" in record.observations:
         labels = [site.label for site in sites(spec)]
-        return [SiteGemm("?" if e.layer is None or e.layer >= len(labels) else labels[e.layer], e.role, e.flops)
-                for e in record.observations["gemm_events"]]
+        return [SiteGemm("?" if e.layer is None or e.layer >= len(labels) else labels[e.layer], e.role, e.flops,
+                         e.pass_index) for e in record.observations["gemm_events"]]
     return None
 
 
@@ -123,17 +147,20 @@ def gemm_sources_agree(case_id: str, backend: str, spec: CaseSpec, record: Recor
     return Verdict("gemm_sources_agree", True, figures=figures)
 
 
+def unmeasured_calls(record: Record) -> list[str]:
+    """TE's grouped-tensor path (real TE on sm90+): tex calls whose GEMMs the counts miss, said first."""
+    unmeasured = sorted(set(getattr(record.observations.get("tex_record"), "unmeasured", [])))
+    return [f"TE called tex.{', tex.'.join(unmeasured)}, whose GEMMs the tex record does not measure per group; the "
+            f"GEMM counts are incomplete"] if unmeasured else []
+
+
 def gemm_work(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
     """Each layer spends the FLOPs (and at the tex boundary reads the operand bytes) of exactly the required GEMMs:
-    one fprop in the forward, per backward pass a dgrad and a wgrad where required (_work_problems)."""
+    one fprop in the forward, per backward pass a dgrad and a wgrad where required (work_problems)."""
     events = measured_gemms(spec, record)
     if events is None:
         return Verdict("gemm_work", False, f"[{case_id}] backend {backend}: no GEMM record (run without its probe?)")
-    problems = _work_problems(spec, events, record.passes_done)
-    unmeasured = sorted(set(getattr(record.observations.get("tex_record"), "unmeasured", [])))
-    if unmeasured:  # TE's grouped-tensor path (real TE on sm90+): its GEMMs are missing from the counts above
-        problems.insert(0, f"TE called tex.{', tex.'.join(unmeasured)}, whose GEMMs the tex record does not measure "
-                           f"per group; the GEMM counts are incomplete")
+    problems = unmeasured_calls(record) + work_problems(spec, events, record.passes_done)
     figures = flops_figures(spec, events)
     if record.error is None and figures["flops_actual"] != figures["flops_required"]:
         problems.append(f"FLOPs {figures['flops_actual']:,} vs {figures['flops_required']:,} required "
@@ -211,9 +238,11 @@ def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     return events + _cast_copies(spec, record) + _unaccounted(record)
 
 
-def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
-    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's, exactly."""
-    need = required_saved(spec)
+def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record,
+                need: RequiredSaved | None = None) -> Verdict:
+    """Saved-for-backward bytes and count (new storages, te_verify.probes.saved) equal the oracle's (or `need`, what a
+    microbatch iteration requires: checks.te_accumulation), exactly."""
+    need = need or required_saved(spec)
     figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
     if "saved_count_raw" not in record.figures:
         figures.update(saved_bytes_actual=UNKNOWN, saved_count_actual=UNKNOWN, saved_bytes_ratio=UNKNOWN)

@@ -12,27 +12,35 @@ import torch
 from te_verify.distributed.rank.observe import CollectiveCounter
 from te_verify.distributed.types import Wrapped
 from te_verify.models import CPU, apply_schedule, frozen_at_backward, make_inputs
+from te_verify.run.iteration_probes import IterationProbes
+from te_verify.run.runner import set_phase
 from te_verify.spec import CaseSpec
 from te_verify.training import autocast_forward
 
 
 def scheduled_iterations(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
-                         counter: CollectiveCounter) -> tuple[list[dict[str, torch.Tensor | None]], str | None]:
+                         counter: CollectiveCounter, later: IterationProbes
+                         ) -> tuple[list[dict[str, torch.Tensor | None]], str | None]:
     """On a rank: iterations 2..spec.iterations of a wrapper under the schedule, their collectives recorded by
-    `counter` as iterations 1.. (0-based, as an engine's); each one's full gradients (host copies, read outside the
-    counter), and what the wrapper raised (its type and first line) where it refused a change (then no later one)."""
+    `counter` as iterations 1.. (0-based, as an engine's) and their forward and backward under `later`'s waste probes
+    (judged against what trains in each: checks.iterations.spec_at); each one's full gradients (host copies, read
+    outside the counter), and what the wrapper raised (its type and first line) where it refused a change (then no
+    later one)."""
     grads: list[dict[str, torch.Tensor | None]] = []
     for k in range(2, spec.iterations + 1):
         try:
             apply_schedule(wrapped.layers, spec, k)
             for layer in wrapped.layers:  # the measured and retention steps' gradients are not this iteration's
                 layer.zero_grad(set_to_none=True)
-            with counter.patched():
+            with counter.patched(), later.around(k) as probes:
                 counter.iteration, counter.phase = k - 1, "forward"
+                set_phase(probes, "forward")
                 out = wrapped.module(x.detach())
                 counter.phase = "backward"
+                set_phase(probes, "backward", 1)
                 out.backward(cotangent)
                 counter.phase = "step"
+                set_phase(probes, "idle")
             grads.append({n: None if g is None else g.cpu() for n, g in wrapped.full_grads().items()})
         except Exception as exc:  # a wrapper that refuses the change: the check names it and the iteration
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -1,6 +1,7 @@
 """Caller side of a distributed case: run it on the pool, build records, apply the distributed checks."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Callable
 
@@ -12,6 +13,7 @@ from te_verify.checks.dist_parity import (dist_grad_parity, dist_output_parity, 
                                           dist_state_left_behind)
 from te_verify.checks.reshard import LayerInfo, gathered_peak, reshard_timing
 from te_verify.checks.family_waste import family_saved_verdict, outside_sites
+from te_verify.checks.iterations import each_iteration
 from te_verify.checks.leftovers import grad_meta, inputs_left, memory_retained, output_meta, requires_grad_left
 from te_verify.checks.tolerances import Tolerance, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
@@ -109,6 +111,7 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
             record.state_after = {**{f"param:{name}": value for name, value in outcome.params.items()},
                                   **{f"buffer:{name}": value for name, value in outcome.buffers.items()}}
             record.figures, record.observations = outcome.figures, outcome.observations
+            record.later = outcome.later
             record.requires_grad_after = outcome.requires_grad_after
             record.inputs_before, record.inputs_after = outcome.inputs_before, outcome.inputs_after
         records.append(record)
@@ -124,31 +127,45 @@ def local_spec(spec: CaseSpec) -> CaseSpec:
 
 def gathered_weight_allowance(spec: CaseSpec) -> int:
     """Saved bytes a wrapper that keeps parameters gathered between forward and backward (ZeRO-2) may hold as
-    plain tensors: the weights whose dgrad backward needs. Nothing for one that reshards after forward."""
-    if reshards_after_forward(spec):
+    plain tensors: the weights whose dgrad backward needs. Nothing for one that reshards after forward, nor for one
+    that never shards (DDP's saved weights are the Parameters, which never count: an allowance there hid a frozen
+    layer's saved input)."""
+    if not shards(spec) or reshards_after_forward(spec):
         return 0
     return sum(spec.widths[k] * spec.widths[k + 1] * BYTES_PER_ELEMENT[spec.dtype]
                for k, needs in enumerate(input_needs_grad(spec)) if needs)
 
 
 def rank_waste(spec: CaseSpec, ranks: list[Record]) -> list[Verdict]:
-    """Each rank's GEMMs, FLOPs and saved bytes against the oracle of its shard (checks.waste)."""
-    backend, local = spec.dist.wrapper, local_spec(spec)
+    """Each rank's GEMMs, FLOPs and saved bytes against the oracle of its shard (checks.waste), at every iteration it
+    ran probed (checks.iterations: each against what trains in it), merged over the ranks per check."""
     done = [(rank, record) for rank, record in enumerate(ranks) if record.error is None and record.grads]
-    label = lambda rank: f"{spec.id} [{backend} rank {rank}, its shard {local.batch_shape}]"
+    eager = run_case(local_spec(spec), EagerBackend(), default_probes("eager", True)) \
+        if spec.model is not None and done else None
+    found = [v for rank, record in done
+             for v in each_iteration(spec, (record,), lambda at, runs, rank=rank: _rank_waste(at, rank, runs[0], eager))]
+    return [merge_ranks(name, [v for v in found if v.check == name]) for name in ("dist_waste_flops", "dist_waste_saved")]
+
+
+def _rank_waste(spec: CaseSpec, rank: int, record: Record, eager: Record | None) -> list[Verdict]:
+    """One rank's dist_waste_flops and dist_waste_saved over one iteration's probes (`spec`: the case as the oracle
+    sees that iteration)."""
+    backend, local = spec.dist.wrapper, local_spec(spec)
+    label = f"{spec.id} [{backend} rank {rank}, its shard {local.batch_shape}]"
     if spec.model is not None:
-        return family_rank_waste(spec, local, done, label)
-    flops = [flops_verdict(local, record, backend, label(rank)) for rank, record in done]
-    saved = [saved_verdict(local, record, backend, label(rank), gathered_weight_allowance(spec))
-             for rank, record in done]
-    return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
+        flops, saved = family_rank_waste(spec, local, record, eager, label)
+    else:
+        flops = flops_verdict(local, record, backend, label)
+        saved = saved_verdict(local, record, backend, label, gathered_weight_allowance(spec))
+    return [dataclasses.replace(flops, check="dist_waste_flops"), dataclasses.replace(saved, check="dist_waste_saved")]
 
 
 SHARDED = ("fsdp", "fsdp2", "fairscale_fsdp", "thunder_fsdp")
 
 
-def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Record]], label) -> list[Verdict]:
-    """A model family's ranks: the linear sites' GEMMs against the oracle of the shard (te_verify.oracle.graph),
+def family_rank_waste(spec: CaseSpec, local: CaseSpec, record: Record, eager: Record,
+                      label: str) -> tuple[Verdict, Verdict]:
+    """A model family's rank: the linear sites' GEMMs against the oracle of the shard (te_verify.oracle.graph),
     attention's batched GEMMs outside the rule (counted, not judged), as checks.family_waste does on the torch lane.
 
     Unsharded wrappers (ddp, thunder_ddp) are judged per site and role. A sharded wrapper's backward multiplies
@@ -157,23 +174,18 @@ def family_rank_waste(spec: CaseSpec, local: CaseSpec, done: list[tuple[int, Rec
     fsdp2, llama1 d32, shard (1, 8)). Those are judged by FLOPs and by GEMMs per pass, which still catch any
     extra GEMM (a frozen base weight's wgrad is one); the per-site attribution is a figure.
 
-    Saved-for-backward: checks.family_waste's per-site-value rule on every rank, against eager's probed run of the
+    Saved-for-backward: checks.family_waste's per-site-value rule, against `eager`, eager's probed run of the
     rank's shard."""
-    flops = []
-    for rank, record in done:
-        events = record.observations.get("gemm_events", [])
-        inside = [e for e in events if not outside_sites(e)]
-        if shards(spec):
-            verdict = gemm_count_verdict(local, inside, label(rank))
-        else:
-            verdict = flops_verdict(local, record, spec.dist.wrapper, label(rank), events=inside)
-            verdict.figures["gemm_roles_judged"] = True
-        verdict.figures.update(gemms_outside_sites=len(events) - len(inside),
-                               flops_outside_sites=sum(e.flops for e in events if outside_sites(e)))
-        flops.append(verdict)
-    eager = run_case(local, EagerBackend(), default_probes("eager", True))
-    saved = [family_saved_verdict(local, record, eager, spec.dist.wrapper, label(rank)) for rank, record in done]
-    return [merge_ranks("dist_waste_flops", flops), merge_ranks("dist_waste_saved", saved)]
+    events = record.observations.get("gemm_events", [])
+    inside = [e for e in events if not outside_sites(e)]
+    if shards(spec):
+        flops = gemm_count_verdict(local, inside, label)
+    else:
+        flops = flops_verdict(local, record, spec.dist.wrapper, label, events=inside)
+        flops.figures["gemm_roles_judged"] = True
+    flops.figures.update(gemms_outside_sites=len(events) - len(inside),
+                         flops_outside_sites=sum(e.flops for e in events if outside_sites(e)))
+    return flops, family_saved_verdict(local, record, eager, spec.dist.wrapper, label)
 
 
 def gemm_count_verdict(local: CaseSpec, events: list, label: str) -> Verdict:

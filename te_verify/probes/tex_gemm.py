@@ -43,6 +43,11 @@ class LayerGemm:
     def operand_bytes(self) -> int:
         return self.gemm.operand_bytes
 
+    @property
+    def pass_index(self) -> int:
+        """The index of the phase it ran in (a microbatch's, where a runner labels them: run.microbatch)."""
+        return self.gemm.pass_index
+
 
 def layer_of(param_name: str) -> str:
     """"0.weight" -> "0"; "layers.3.weight0" -> "layers.3"."""

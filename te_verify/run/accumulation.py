@@ -11,6 +11,7 @@ import torch
 from te_verify.backends.eager import EagerBackend
 from te_verify.checks.accumulation import accumulated_work
 from te_verify.checks.ending import ending
+from te_verify.checks.iterations import each_iteration
 from te_verify.checks.leftovers import leftover_verdicts
 from te_verify.checks.parity import grad_parity
 from te_verify.checks.presence import grad_presence
@@ -33,7 +34,8 @@ class _Fp64Eager(EagerBackend):
 def accumulation_verdicts(spec: CaseSpec, name: str, ref, got, truth) -> list[Verdict]:
     """ending; outputs; None-ness; the gradients after the first microbatch (grad_parity: each is its own
     forward's) and after the last (grad_accumulation: they add up as eager's), every iteration's; the parameters
-    after every optimizer step; what the run left; each microbatch's GEMMs (checks.accumulation)."""
+    after every optimizer step; what the run left; each microbatch's GEMMs (checks.accumulation) at every iteration
+    (checks.iterations)."""
     tol, bound = tolerance_for(spec, name), truth_bound(spec, truth)
     last = dataclasses.replace(grad_parity(spec.id, name, ref, got, tol, -1, bound), check="grad_accumulation")
     return [ending(spec.id, name, ref, got),
@@ -43,7 +45,7 @@ def accumulation_verdicts(spec: CaseSpec, name: str, ref, got, truth) -> list[Ve
             params_after_steps(spec.id, name, ref, got, tol, bound),
             state_left_behind(spec.id, name, ref, got, tol),
             *leftover_verdicts(spec.id, name, ref, got, second_step=False),
-            accumulated_work(spec, got, name)]
+            *each_iteration(spec, (got,), lambda at, runs: [accumulated_work(at, runs[0], name)])]
 
 
 def verify_accumulation(case: CaseRun) -> list[Verdict]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from te_verify.models import CaseInputs, make_inputs
+from te_verify.probes import dispatch
+from te_verify.run.iteration_probes import IterationProbes
 from te_verify.run.process_state import watched
 from te_verify.record import Record
 from te_verify.run.runner import (Trainer, bind_probes, build_prepared, host_copies, input_states, iteration_batches,
@@ -90,7 +92,7 @@ class MicrobatchTrainer:
         self.first_flag = takes_first_microbatch(fn)
         record.observations["is_first_microbatch"] = self.first_flag and self.count > 1
         self.trainer = Trainer(fn, model, spec, record, follow, watchers=watchers)
-        # Probes told every pass (forward; backward, microbatch) outside the TE lane (_train_microbatches).
+        # The waste probes of the iteration running, told every pass: ("forward", m), ("backward", m) for microbatch m.
         self.labels: list = []
 
     def iteration(self, k: int, watch: "ContractWatch | None" = None) -> None:
@@ -127,7 +129,9 @@ class MicrobatchTrainer:
         if watch is not None:
             watch.after_backward(m)
         if hasattr(self.fn, "backward_dw") and delays_wgrad(self.spec):
+            set_phase(self.labels, "backward", m + 1)  # the delayed wgrad GEMMs are this microbatch's backward work
             self.fn.backward_dw()
+            set_phase(self.labels, "idle")
         if watch is not None:
             watch.after_microbatch(inputs)
 
@@ -183,18 +187,6 @@ class ContractWatch:
         self.record.observations["te_contract"] = self.obs
 
 
-class _PassCounter:
-    """Labels each microbatch's backward for the probes ("backward", microbatch)."""
-
-    def __init__(self, probes) -> None:
-        self.probes, self.k = list(probes), 1
-
-    def __call__(self, inputs: CaseInputs) -> None:
-        self.k += 1
-        for probe in self.probes:
-            probe.phase("backward", self.k)
-
-
 def run_microbatches(spec: CaseSpec, backend, probes=(), dtype: torch.dtype | None = None,
                      follow: Record | None = None) -> Record:
     """Run spec.iterations iterations of the microbatches (seeds spec.seed + 1000*k for inputs): the first one's
@@ -224,14 +216,20 @@ def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Reco
                         dtype: torch.dtype | None, follow: Record | None, watchers: list) -> None:
     trainer = MicrobatchTrainer(spec, fn, model, record, dtype, follow, watchers)
     record.inputs_before.update(trainer.inputs_states())
+    with dispatch.session(bool(probes)):  # one watcher over every iteration, from after the batches were made
+        _probed_iterations(spec, trainer, model, record, probes)
+    record.requires_grad_after = requires_grad_of(model)
+    record.inputs_after.update(trainer.inputs_states())
+
+
+def _probed_iterations(spec: CaseSpec, trainer: MicrobatchTrainer, model: torch.nn.Module, record: Record,
+                       probes: list) -> None:
+    """The first iteration under `probes` with the contract's observations, then the later ones (each probed)."""
     watch = ContractWatch(spec, model, record)
-    if spec.te is None:  # aten's GEMM probe tells fprop from dgrad/wgrad by phase, and layers by the model's weights
-        trainer.labels, first = bind_probes(probes, model), ("idle", 0)
-    else:  # the TE lane's GEMMs come from the tex log: one backward phase per microbatch labels them
-        watch.after_microbatch, first = _chain(watch.after_microbatch, _PassCounter(probes)), ("backward", 1)
+    trainer.labels = bind_probes(probes, model)  # each pass labelled with its microbatch (checks.accumulation)
     for probe in probes:
         probe.__enter__()
-        probe.phase(*first)
+        probe.phase("idle")
     try:
         trainer.iteration(1, watch)
     except Exception as exc:
@@ -239,30 +237,25 @@ def _train_microbatches(spec: CaseSpec, fn, model: torch.nn.Module, record: Reco
     trainer.labels = []
     for probe in probes:
         probe.__exit__(None, None, None)
+        record.figures.update(probe.figures())
         record.observations.update(probe.observations())
     record.state_after = model_state(model)
     watch.finish()
-    _later_iterations(trainer, record)
-    record.requires_grad_after = requires_grad_of(model)
-    record.inputs_after.update(trainer.inputs_states())
+    _later_iterations(trainer, record, IterationProbes.like(probes, model, record))
 
 
-def _chain(*calls):
-    def both(*args) -> None:
-        for call in calls:
-            call(*args)
-    return both
-
-
-def _later_iterations(trainer: MicrobatchTrainer, record: Record) -> None:
-    """The first iteration's optimizer step, then iterations 2..spec.iterations; a raise ends the run there."""
+def _later_iterations(trainer: MicrobatchTrainer, record: Record, later: IterationProbes) -> None:
+    """The first iteration's optimizer step, then iterations 2..spec.iterations, each under fresh waste probes
+    (`later`: Record.later, judged by checks.iterations); a raise ends the run there."""
     if record.error is not None:
         return
     k = 1
     try:
         trainer.step(1)
         for k in range(2, trainer.spec.iterations + 1):
-            trainer.iteration(k)
+            with later.around(k) as trainer.labels:
+                trainer.iteration(k)
+            trainer.labels = []
             trainer.step(k)
     except Exception as exc:
         record.error, record.error_pass, record.error_iteration = exc, trainer.count, k

@@ -138,7 +138,7 @@ class Trainer:
         self.fn, self.model, self.spec, self.record = fn, model, spec, record
         self.follow = follow
         # Fresh waste probes like the first iteration's (`probes`) around every later iteration's passes.
-        self.probes = IterationProbes(list(probes), model, record)
+        self.probes = IterationProbes.like(list(probes), model, record)
         # Probes entered around every iteration (spans_iterations): they hear every phase and every step.
         self.watchers = list(watchers)
         # Each iteration's own batch, as a training loop feeds one (iteration_batches), where this trainer runs the

@@ -27,6 +27,7 @@ from te_verify.checks.systematic import grad_scale, resolution
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_compile import te_compile_verdicts
 from te_verify.oracle.required import sites, te_sites
+from te_verify.checks.te_accumulation import FP8_SAVED, microbatch_waste
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.iterations import each_iteration
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
@@ -240,6 +241,15 @@ def stochastic_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
         return []
     gradient_gemms = any(role in ("dgrad", "wgrad") for site in sites(case.spec) for role in site.roles())
     return [nvfp4_stochastic_rounding(case.spec.id, case.backend_name, got, gradient_gemms)]
+
+
+def microbatch_waste_verdicts(case: CaseRun, got: Record) -> list[Verdict]:
+    """A microbatch family's waste at every iteration (checks.te_accumulation); an FP8 case's row says why its saved
+    bytes are not judged."""
+    spec, name = case.spec, case.backend_name
+    if spec.te.recipe is not None:
+        case.figures["te_saved_bytes"] = FP8_SAVED
+    return each_iteration(spec, (got,), lambda at, runs: microbatch_waste(spec.id, name, at, *runs))
 
 
 def run_te(case: CaseRun, runner: Callable = run_mean_reduced, follow: Record | None = None) -> Record:

@@ -21,8 +21,9 @@ from te_verify.training import SetPhase, chunked
 
 
 def accumulate(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor, phase: SetPhase,
-               timeline: Timeline, observe: bool) -> torch.Tensor:
-    """The measured iteration's microbatches; the rank's output (every microbatch's, in order)."""
+               timeline: Timeline | None, observe: bool) -> torch.Tensor:
+    """An iteration's microbatches (the timeline watched where `observe`: the measured iteration); the rank's output
+    (every microbatch's, in order)."""
     if wrapped.no_sync is None:
         raise WrapperError(f"microbatches={spec.microbatches}: {spec.dist.wrapper} declares no no-sync context "
                            f"(Wrapped.no_sync) to accumulate in")

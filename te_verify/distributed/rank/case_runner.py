@@ -29,17 +29,16 @@ from te_verify.training import chunked, run_iteration
 from te_verify.distributed.rank.observe import CollectiveCounter, Timeline, capture_boundaries, keep_boundaries
 from te_verify.distributed.types import Slot, Wrapped, WrapperError, param_slots
 from te_verify.distributed.wrappers import wrap
-from te_verify.oracle.sites import linear_weights
 from te_verify.run.isolation import fresh_case
 from te_verify.distributed.schedule import scheduled_iterations
 from te_verify.models import (FAMILIES, CaseInputs, apply_schedule, build_model, freeze, make_inputs, set_frozen,
                               unfreeze_all)
-from te_verify.probes.flops import GemmProbe
-from te_verify.probes.memory import PeakMemoryProbe
+from te_verify.probes import dispatch
 from te_verify.probes.retention import Retention
-from te_verify.probes.saved import SavedTensorsProbe
 from te_verify.run.process_state import kept
 from te_verify.record import TensorState
+from te_verify.run.iteration_probes import IterationProbes
+from te_verify.distributed.rank.later import later_step, rank_probes, set_phases
 from te_verify.run.runner import input_states, set_phase
 from te_verify.spec import CaseSpec
 
@@ -92,6 +91,9 @@ class RankOutcome:
     # raised at a change (None: nothing).
     scheduled_grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
     schedule_error: str | None = None
+    # The waste probes' (figures, observations) of each later iteration (2, 3, ...) this rank ran probed: a wrapper's
+    # steps after the measured one, a schedule's iterations, an engine's (checks.iterations judges each).
+    later: dict[int, tuple[dict, dict]] = field(default_factory=dict)
 
 
 def prepare(spec: CaseSpec, wrap_fn: Callable) -> tuple[Wrapped, Attribution, list[Slot]]:
@@ -179,6 +181,7 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
     timeline = Timeline(wrapped.gathered_bytes or (lambda: []))
     observe = wrapped.gathered_bytes is not None
     probes = rank_probes(wrapped, spec)
+    later = IterationProbes(lambda: rank_probes(wrapped, spec), {})
     with Retention(True) as retention:  # entered first: on CPU it tracks from the measured step on
         outcome = _measured_step(rank, spec, wrapped, x, cotangent, counter, timeline, probes, observe)
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
@@ -189,13 +192,15 @@ def _run_dist_case(rank: int, world_size: int, case: DistCase) -> RankOutcome:
         # second iteration's forward, or of the third with static_graph=True (its first iteration all-reduces late);
         # a one-time allocation (torch.nn.parallel.DistributedDataParallel._rebuild_buckets), measured here.
         if wrapped.train is not None:
-            _train_steps(spec, wrapped, x, cotangent, counter, outcome)
+            _train_steps(spec, wrapped, x, cotangent, counter, outcome, later)
         outcome.observations["retained"] = retention.second_step(
             wrapped.module, wrapped.model, CaseInputs(x, cotangent), "the wrapper", unjudged=2,
-            step=_later_step(spec, wrapped, counter))
+            step=later_step(spec, wrapped, counter, later))
     if spec.schedule and wrapped.train is None:  # after every observation of the measured step
-        outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
-                                                                               counter)
+        with dispatch.session():
+            outcome.scheduled_grads, outcome.schedule_error = scheduled_iterations(spec, wrapped, x, cotangent,
+                                                                                   counter, later)
+    outcome.later = later.later
     if spec.schedule:  # what the run left: the schedule's last masks
         outcome.requires_grad_after = {name: getattr(module, attr).requires_grad for name, module, attr in slots}
     settle_collectives()  # while `wrapped` and its buffers are alive
@@ -226,7 +231,7 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
         if wrapped.train is not None:  # an engine: its microbatches, backward and finish (distributed.rank.training)
             out = _engine_forward_backward(spec, wrapped, x, cotangent, counter, timeline, probes, observe)
         elif spec.microbatches > 1:  # a wrapper's gradient accumulation (distributed.rank.accumulate)
-            out = accumulate(spec, wrapped, x, cotangent, lambda name, k: _set_phases(counter, probes, name, k),
+            out = accumulate(spec, wrapped, x, cotangent, lambda name, k: set_phases(counter, probes, name, k),
                              timeline, observe)
         else:
             out = _plain_forward_backward(wrapped, x, cotangent, counter, timeline, probes, observe)
@@ -251,16 +256,19 @@ def _measured_step(rank: int, spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor,
 
 
 def _train_steps(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor,
-                 counter: CollectiveCounter, outcome: RankOutcome) -> None:
+                 counter: CollectiveCounter, outcome: RankOutcome, later: IterationProbes) -> None:
     """An engine's optimizer step after the measured iteration, then spec.iterations - 1 more whole iterations, all
-    under the collective counter; the parameters after every step and the engine's state after the last."""
+    under the collective counter, each under `later`'s probes (its first microbatch, as the measured one's); the
+    parameters after every step and the engine's state after the last."""
     for k in range(spec.iterations):
         counter.iteration, counter.microbatch = k, 0
         with counter.patched():
             if k:
                 apply_schedule(wrapped.layers, spec, k + 1)  # a freeze schedule's change, if any, before iteration k+1
-                run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
-                              lambda phase, microbatch: _set_phases(counter, [], phase, microbatch))
+                with later.around(k + 1) as probes:
+                    run_iteration(wrapped.module, wrapped.train, chunked(x, cotangent, microbatches(spec)),
+                                  lambda phase, microbatch: set_phases(counter, probes, phase, microbatch))
+                    set_phase(probes, "idle")
             counter.phase = "step"
             wrapped.train.step()
         outcome.params_after_steps.append(to_host(wrapped.full_params()))
@@ -276,7 +284,7 @@ def _engine_forward_backward(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, 
     handles = keep_boundaries(wrapped.layers, boundaries) if observe else []
 
     def phase(name: str, microbatch: int) -> None:
-        _set_phases(counter, probes, name, microbatch)
+        set_phases(counter, probes, name, microbatch)
         if observe and name == "backward":  # this microbatch's forward is done: its boundaries are in `boundaries`
             timeline.watch_boundaries(dict(boundaries))
             timeline.mark("backward_start", len(wrapped.layers))
@@ -288,38 +296,10 @@ def _engine_forward_backward(spec: CaseSpec, wrapped: Wrapped, x: torch.Tensor, 
             handle.remove()
 
 
-def _engine_iteration(spec: CaseSpec, wrapped: Wrapped, inputs: CaseInputs) -> None:
-    """One whole unobserved iteration (the retention check's later steps)."""
-    run_iteration(wrapped.module, wrapped.train, chunked(inputs.x, inputs.grad_output, microbatches(spec)),
-                  lambda phase, microbatch: None)
-    wrapped.train.step()
-
-
-def _later_step(spec: CaseSpec, wrapped: Wrapped, counter: CollectiveCounter) -> Callable[[CaseInputs], None]:
-    """The retention check's later steps: an engine's whole iterations (unobserved); a wrapper's forward and backward,
-    each under the collective counter as the next iteration (2, 3, 4: frozen_collectives judges every iteration), but
-    under a freeze schedule, whose iterations distributed.schedule runs and counts."""
-    if wrapped.train is not None:
-        return lambda inputs: _engine_iteration(spec, wrapped, inputs)
-
-    def step(inputs: CaseInputs) -> None:
-        if spec.schedule:
-            wrapped.module(inputs.x).backward(inputs.grad_output)
-            return
-        counter.iteration += 1
-        with counter.patched():
-            counter.phase = "forward"
-            out = wrapped.module(inputs.x)
-            counter.phase = "backward"
-            out.backward(inputs.grad_output)
-            counter.phase = "step"
-    return step
-
-
 def _plain_forward_backward(wrapped: Wrapped, x: torch.Tensor, cotangent: torch.Tensor, counter: CollectiveCounter,
                             timeline: Timeline, probes: list, observe: bool) -> torch.Tensor:
     """Forward, then backward of the output against the cotangent, with the layer boundaries watched."""
-    _set_phases(counter, probes, "forward")
+    set_phases(counter, probes, "forward")
     boundaries, handles = capture_boundaries(wrapped.layers, x) if observe else ({}, [])
     out = wrapped.module(x)
     for handle in handles:
@@ -327,34 +307,6 @@ def _plain_forward_backward(wrapped: Wrapped, x: torch.Tensor, cotangent: torch.
     if observe:
         timeline.watch_boundaries(boundaries)
         timeline.mark("backward_start", len(wrapped.layers))
-    _set_phases(counter, probes, "backward")
+    set_phases(counter, probes, "backward")
     out.backward(cotangent)
     return out
-
-
-def _set_phases(counter: CollectiveCounter, probes: list, phase: str, microbatch: int = 0) -> None:
-    """The collective counter's phase, and the probes' (backward is pass 1; an engine's finish is the probes' idle).
-    The probes watch the first microbatch only: the oracle of a rank is its first microbatch's (verify.local_spec)."""
-    counter.phase, counter.microbatch = phase, microbatch
-    if microbatch > 0:
-        set_phase(probes, "idle")
-    elif phase == "forward":
-        set_phase(probes, "forward")
-    elif phase == "backward":
-        set_phase(probes, "backward", 1)
-    else:
-        set_phase(probes, "idle")
-
-
-def rank_probes(wrapped: Wrapped, spec: CaseSpec) -> list:
-    """The waste probes of the single-process lanes, bound to the wrapped layers (their weights name the layers;
-    a sharded wrapper's unsharded copies are matched to them, see probes.dispatch). A model family's probe binds
-    every linear of the unwrapped model in module order (the oracle's sites) and follows copies, as the torch
-    lane's family runs do."""
-    if spec.model is None:
-        gemms = GemmProbe()
-        gemms.bind(nn.Sequential(*wrapped.layers), [(spec.widths[k + 1], spec.widths[k]) for k in range(spec.n_layers)])
-    else:
-        gemms = GemmProbe(follow_copies=True)
-        gemms.bind(wrapped.model, [site.shape for site in linear_weights(wrapped.model)])
-    return [gemms, SavedTensorsProbe(), PeakMemoryProbe()]
