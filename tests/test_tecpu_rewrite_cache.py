@@ -49,3 +49,8 @@ def test_an_unreadable_entry_is_rewritten(cache):
     entry.write_bytes(b"\x00 not marshal")
     again, _, ran = _load()
     assert ran == 1 and again == code
+
+
+def test_without_a_cache_folder_every_load_rewrites(monkeypatch):
+    monkeypatch.setattr(rewrite_cache, "CACHE", None)
+    assert [_load()[2], _load()[2]] == [1, 1]

@@ -20,8 +20,21 @@ import types
 from pathlib import Path
 from typing import Callable
 
-CACHE = Path(os.environ.get("TE_VERIFY_CACHE") or Path.home() / ".cache" / "te_verify") / "tecpu"
 Site = tuple[str, int, str]
+
+
+def _folder() -> Path | None:
+    """The cache's folder; None (no cache) where there is no home folder to keep it in: code is never loaded from a
+    folder other users could write (a shared temporary folder)."""
+    if os.environ.get("TE_VERIFY_CACHE"):
+        return Path(os.environ["TE_VERIFY_CACHE"]) / "tecpu"
+    try:
+        return Path.home() / ".cache" / "te_verify" / "tecpu"
+    except RuntimeError:
+        return None
+
+
+CACHE = _folder()
 
 
 def entry_key(source: bytes, filename: str, rules: str) -> str:
@@ -36,15 +49,26 @@ def load_or_rewrite(source: bytes, filename: str, rules: str, sites: list[Site],
                     rewrite: Callable[[list[Site]], types.CodeType]) -> types.CodeType:
     """The module's rewritten code, from the cache or from `rewrite(new_sites)` (then stored); its sites appended
     to `sites`."""
-    path = CACHE / f"{entry_key(source, filename, rules)}.bin"
+    path = CACHE / f"{entry_key(source, filename, rules)}.bin" if CACHE is not None else None
+    entry = _read(path) if path is not None else None
+    if entry is None:
+        recorded: list[Site] = []
+        code = rewrite(recorded)
+        if path is not None:
+            _store(path, marshal.dumps((tuple(map(tuple, recorded)), code)))
+    else:
+        recorded, code = entry
+    sites.extend(tuple(site) for site in recorded)
+    return code
+
+
+def _read(path: Path) -> tuple | None:
+    """An entry's (sites, code); None where there is none or it cannot be read."""
     try:
         recorded, code = marshal.loads(path.read_bytes())
     except (OSError, EOFError, ValueError, TypeError):
-        recorded = []
-        code = rewrite(recorded)
-        _store(path, marshal.dumps((tuple(map(tuple, recorded)), code)))
-    sites.extend(tuple(site) for site in recorded)
-    return code
+        return None
+    return recorded, code
 
 
 def _store(path: Path, data: bytes) -> None:
