@@ -62,8 +62,10 @@ def plan(backends: list[str], here_lacks_compile_api: bool, compile_env: str | N
 
 
 def command(p: Pass, args: list[str], report: Path) -> list[str]:
-    """The pass's te-verify run: the run's own arguments (tier, shard, workers, ...), its backends, its capability."""
-    cmd = [p.python, "-m", "te_verify.cli", "run", *args, "--report-dir", str(report)]
+    """The pass's te-verify run: the run's own arguments (tier, shard, workers, ...), its backends, its capability;
+    the longest cases first (te_verify.matrix.case_order's `cost`) unless the run names an order."""
+    order = [] if any(a.startswith("--case-order") for a in args) else ["--case-order", "cost"]
+    cmd = [p.python, "-m", "te_verify.cli", "run", *args, *order, "--report-dir", str(report)]
     for backend in p.backends:
         cmd += ["--backend", backend]
     return cmd + ["--te-capability", p.capability, "--capability-cases", "--pass-name", p.name]

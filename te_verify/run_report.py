@@ -69,17 +69,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[END_RUN] = end_run_after_timeout
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) collects rows
-        state = session.config.stash[SESSION]
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session: pytest.Session):
+    """The controller (or a run without xdist) collects rows: it opens rows.jsonl before any other plugin starts, and
+    writes the header after xdist has started the workers (the header's backend availability imports thunder and
+    boots TE, seconds of work the workers' own start-up now overlaps instead of waiting for; no row can arrive
+    before the run loop, so the header still comes first)."""
+    state = None if hasattr(session.config, "workerinput") else session.config.stash[SESSION]
+    if state is not None:
         _CONTROLLER[:] = [state]
         if state.report_dir:  # rows stream to disk as they finish: a killed run keeps them (--resume continues)
             state.stream = RowStream(Path(state.report_dir), append=state.previous is not None)
-            if state.previous is None:
-                state.stream.write("header", {k: v for k, v in state.header().items() if k != "finished"})
-            else:
-                state.stream.write("resumed", {"run_id": state.run_id, "started": state.started.isoformat()})
+    result = yield
+    if state is not None and state.stream is not None:
+        if state.previous is None:
+            state.stream.write("header", {k: v for k, v in state.header().items() if k != "finished"})
+        else:
+            state.stream.write("resumed", {"run_id": state.run_id, "started": state.started.isoformat()})
+    return result
 
 
 def _write_selection(nodeids: list[str]) -> None:

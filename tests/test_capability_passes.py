@@ -50,8 +50,11 @@ def test_the_compile_backends_move_only_where_this_torch_lacks_the_api_and_the_e
 
 def test_a_pass_names_its_capability_backends_and_folder():
     cmd = command(Pass("sm100", "/py", "sm100", ("te_eager",)), ["--tier", "pr", "--shard", "1/2"], Path("/r/sm100"))
-    assert cmd == ["/py", "-m", "te_verify.cli", "run", "--tier", "pr", "--shard", "1/2", "--report-dir", "/r/sm100",
-                   "--backend", "te_eager", "--te-capability", "sm100", "--capability-cases", "--pass-name", "sm100"]
+    assert cmd == ["/py", "-m", "te_verify.cli", "run", "--tier", "pr", "--shard", "1/2", "--case-order", "cost",
+                   "--report-dir", "/r/sm100", "--backend", "te_eager", "--te-capability", "sm100", "--capability-cases",
+                   "--pass-name", "sm100"]
+    # the run's own order wins over the main job's longest-first one
+    assert "cost" not in command(Pass("sm90", "/py", "sm90", ()), ["--case-order", "reverse"], Path("/r"))
 
 
 @pytest.mark.parametrize("codes, want", [([0, 0], 0), ([0, 1], 1), ([5, 0], 0), ([5, 5], 5), ([1, 5], 1)])

@@ -42,7 +42,7 @@ def _items(n: int) -> list[SimpleNamespace]:
     return [SimpleNamespace(nodeid=f"case{k}") for k in range(n)]
 
 
-@pytest.mark.parametrize("order", ["collected", "reverse", "random:3"])
+@pytest.mark.parametrize("order", ["collected", "reverse", "random:3", "cost"])
 def test_case_order_reorders_the_collection_the_same_way_every_time(order):
     config = SimpleNamespace(getoption=lambda name: order)
     first, second = _items(12), _items(12)
@@ -50,8 +50,22 @@ def test_case_order_reorders_the_collection_the_same_way_every_time(order):
     case_order.pytest_collection_modifyitems(config, second)  # another xdist worker's identical collection
     ids = [item.nodeid for item in first]
     assert ids == [item.nodeid for item in second] and sorted(ids) == sorted(i.nodeid for i in _items(12))
-    expected = {"collected": [f"case{k}" for k in range(12)], "reverse": [f"case{k}" for k in reversed(range(12))]}
+    expected = {"collected": [f"case{k}" for k in range(12)], "reverse": [f"case{k}" for k in reversed(range(12))],
+                "cost": [f"case{k}" for k in range(12)]}  # none is in the table: ties keep the collected order
     assert ids == expected[order] if order in expected else ids not in expected.values()
+
+
+def test_cost_order_runs_the_longest_measured_first_and_a_new_case_as_the_median():
+    items = _items(5)
+    seconds = {"case0": 0.1, "case1": 9.0, "case2": 3.0, "case4": 3.0}  # case3 is new: the median, 3.0
+    assert [i.nodeid for i in case_order.longest_first(items, seconds)] == ["case1", "case2", "case3", "case4", "case0"]
+    assert case_order.longest_first(items, {}) == items  # no table: the collected order
+
+
+def test_the_durations_table_names_collected_cases():
+    """The committed table is found and keyed by nodeid (a table keyed otherwise would order nothing)."""
+    table = case_order.measured_durations()
+    assert len(table) > 100 and all(k.startswith("cases/test_") and "::" in k for k in table)
 
 
 @pytest.mark.system

@@ -96,6 +96,8 @@ SMALLEST: dict[str, Smallest] = {
     "te-verify run --tier pr --report-dir reports/candidates --pr-candidates": Smallest(None, "every pr candidate"),
     ".venv/bin/python scripts/measure_costs.py reports/candidates": Smallest(
         ".venv/bin/python scripts/measure_costs.py --help", "run, it rewrites te_verify/data/pr_costs.json"),
+    ".venv/bin/python scripts/measure_costs.py --durations reports/main": Smallest(
+        ".venv/bin/python scripts/measure_costs.py --help", "run, it rewrites te_verify/data/pr_durations.json"),
     "pytest cases/test_replay.py --tier smoke -n 0 --backend torch_compile --case-order reverse": Smallest(
         None, "tests/test_case_order.py runs cases in both orders"),
     "te-verify run --tier nightly --shard 1/4 --report-dir reports/s1": Smallest(None, "the nightly tier: minutes"),

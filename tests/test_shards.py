@@ -2,6 +2,7 @@
 refusing a case present twice and anything that is not a report, in one line naming the culprit."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -135,3 +136,16 @@ def test_merging_a_non_report_is_a_one_line_error_naming_it(reports, tmp_path):
         proc = merge(str(reports[1]), str(culprit), "--out", str(tmp_path / "m"))
         assert proc.returncode == 2 and str(culprit) in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_shard_balance_sums_each_shards_case_seconds_by_case_id():
+    """scripts/shard_balance.py: a row counts in the shard of its case id (the plugin's split), so the sums say how
+    much work each shard of the main job holds."""
+    path = ROOT / "scripts" / "shard_balance.py"
+    spec = importlib.util.spec_from_file_location("shard_balance", path)  # scripts/ is no package
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"case_id": f"case{k}", "duration": float(k)} for k in range(10)]
+    seconds, cases = module.shard_seconds(rows, 2)
+    assert sum(cases.values()) == 10 and sum(seconds.values()) == 45.0
+    assert seconds[1] == sum(float(k) for k in range(10) if shard_of(f"case{k}", 2) == 1)

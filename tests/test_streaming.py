@@ -137,3 +137,36 @@ def test_a_killed_shard_merges_as_an_incomplete_report(tmp_path):
     header = json.loads((tmp_path / "merged" / "results.json").read_text())["header"]
     assert header["incomplete"]["never_ran"] == [r["nodeid"] for r in first["rows"][1:3]]
     assert "incomplete: 4 of 6 cases" in (tmp_path / "merged" / "summary.md").read_text()
+
+
+def test_the_header_is_written_once_the_other_plugins_started_the_workers(tmp_path):
+    """The controller opens rows.jsonl first and writes the header (backend availability: thunder's import, TE's
+    boot) after xdist's session start has spawned the workers, so their start-up overlaps it; the header stays the
+    stream's first record."""
+    from types import SimpleNamespace
+
+    from te_verify import run_report
+    from te_verify.plugin import SESSION
+
+    events = []
+
+    class State:  # the parts of plugin.Session the hook reads
+        report_dir, previous, stream, run_id = str(tmp_path), None, None, "r"
+
+        def header(self) -> dict:
+            events.append("header")
+            return {"tier": "pr", "finished": "later"}
+
+    state, running = State(), list(run_report._CONTROLLER)  # this test run's own controller, put back below
+    try:
+        hook = run_report.pytest_sessionstart(SimpleNamespace(config=SimpleNamespace(stash={SESSION: state})))
+        next(hook)  # before the other plugins' session start: the stream is open, nothing is computed yet
+        assert events == [] and state.stream is not None
+        events.append("xdist spawns the workers")
+        with pytest.raises(StopIteration):
+            hook.send(None)
+    finally:
+        run_report._CONTROLLER[:] = running
+    state.stream.close()
+    assert events == ["xdist spawns the workers", "header"]
+    assert read_stream(tmp_path / STREAM)["header"] == {"tier": "pr"}

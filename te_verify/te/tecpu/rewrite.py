@@ -30,6 +30,7 @@ Line numbers are kept, so tracebacks and call sites name TE's real file:line. Ev
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -40,12 +41,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from te_verify.te.tecpu import triton_kernels
+from te_verify.te.tecpu import rewrite_cache, triton_kernels
 from te_verify.te.tecpu.strict import UnemulatedFunction
 
 CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 SHIM_NAME = "__tecpu__"  # the global every rewritten module gets: the helpers the rewritten code calls
 STUB_PACKAGES = ("transformer_engine.pytorch.triton", "transformer_engine.common.triton")
+# The rules' version for rewrite_cache's key: this file's own source (a rule changed here is a cache miss).
+RULES = hashlib.sha256(open(__file__, "rb").read()).hexdigest()
 
 
 @dataclass
@@ -191,8 +194,10 @@ class RewritingLoader(importlib.machinery.SourceFileLoader):
         self.finder = finder
 
     def get_code(self, fullname: str) -> types.CodeType:
-        source = self.get_data(self.path).decode("utf-8")
-        return rewrite_source(source, _relative(self.path), self.finder.log.sites)
+        source, filename = self.get_data(self.path), _relative(self.path)
+        return rewrite_cache.load_or_rewrite(
+            source, filename, RULES, self.finder.log.sites,
+            lambda sites: rewrite_source(source.decode("utf-8"), filename, sites))
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.__dict__[SHIM_NAME] = self.finder.shim
