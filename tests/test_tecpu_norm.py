@@ -33,7 +33,8 @@ def te() -> types.SimpleNamespace:
 
 
 def operands(dtype: torch.dtype, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """x (3-D: TE reads it as 2-D rows; 32 of them, MXFP8 blocks rows by 32), gamma and beta of a seeded draw; rows offset so mu is not ~0."""
+    """x (3-D: TE reads it as 2-D rows; 32 of them, MXFP8 blocks rows by 32), gamma and beta of a seeded draw; rows
+    offset so mu is not ~0."""
     gen = torch.Generator().manual_seed(7)
     x = (torch.randn(4, 8, 64, generator=gen) * 2 + 0.5).to(dtype)
     gamma = (torch.randn(64, generator=gen) * 0.5 + 1).to(dtype)
