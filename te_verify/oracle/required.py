@@ -94,9 +94,14 @@ def sites(spec: CaseSpec) -> list[Site]:
     return out
 
 
+def has_norms(spec: CaseSpec) -> bool:
+    """Whether every layer of the stack normalizes its input first (TE's LayerNormLinear)."""
+    return spec.te is not None and spec.te.module in NORM_MODULES
+
+
 def trainable_norms(spec: CaseSpec) -> tuple[bool, ...]:
     """Per layer, whether its layer norm is trainable in backward (False for every layer of a kind without norms)."""
-    if spec.te is None or spec.te.module not in NORM_MODULES:
+    if not has_norms(spec):
         return (False,) * spec.n_layers
     weights, biases = trainable_masks(spec)
     return biases if spec.has_bias else weights
@@ -232,7 +237,7 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                  for s in checkpoint_inputs(spec, sites(spec)) if s.layer > 0]
         return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
     fp8 = spec.te is not None and spec.te.recipe is not None
-    normed = spec.te is not None and spec.te.module in NORM_MODULES  # the norm's output is every layer's new input
+    normed = has_norms(spec)  # the norm's output is every layer's new input
     items = []
     for s in sites(spec):
         for kind, role, label in (("input", "wgrad", "input"), ("weight", "dgrad", "weight_copy")):
@@ -289,7 +294,7 @@ def required_peak(spec: CaseSpec) -> int:
     grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
     grads += sum(2 * spec.widths[i] for i, trainable in enumerate(trainable_norms(spec)) if trainable)  # scale, shift
     activation = rows * max(spec.widths)
-    in_flight = 3 if spec.te is not None and spec.te.module in NORM_MODULES else 2  # + a norm's output
+    in_flight = 3 if has_norms(spec) else 2  # + a norm's output
     # A layer's backward returns its wgrad and bgrad together, so one replay temporary is weight + bias sized.
     bias = 1 if spec.has_bias else 0
     weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
