@@ -19,7 +19,7 @@ from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te import api as te_api
+from te_verify.te import api as te_api, tecpu
 from planting import patched
 
 # Everything trained, the input without grad: layer 0's trained norm needs its dgrad GEMM and norm backward.
@@ -39,6 +39,10 @@ def eager():
 
 
 def _tex():
+    """The loaded tex (booted here, so a test run alone patches the module TE calls)."""
+    tecpu.boot()
+    import transformer_engine.pytorch  # noqa: F401  (its cpp_extensions bind tex's names)
+
     return sys.modules["transformer_engine_torch"]
 
 
@@ -100,6 +104,7 @@ def _padded_rsigma(original):
 
 def test_an_extra_copy_kept_for_backward_fails_saved_bytes():
     # TE's module/_common.py calls layernorm_fwd through cpp_extensions, which bound tex's names at import.
+    _tex()
     with patched(sys.modules["transformer_engine.pytorch.cpp_extensions"], "layernorm_fwd", _padded_rsigma):
         got = _run()
     verdict = saved_bytes(SPEC.id, "te_eager", SPEC, got)
