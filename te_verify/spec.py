@@ -17,7 +17,9 @@ FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4", "nvfp4_rn", "custom")
 # TE's CustomRecipe factories (custom_recipes/quantizer_factory_zoo.py) a spec may name; te.reference models each.
 CUSTOM_FACTORIES = ("high_precision_fwd_mxfp8_bwd_factory",)
-TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp")
+TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp", "layernorm_linear")
+# TE module kinds whose layers normalize their input first (TE's LayerNormLinear; models.normed is their torch twin).
+NORM_MODULES = ("layernorm_linear",)
 FP8_FORMATS = ("E4M3", "HYBRID")
 # How a microbatch iteration orders its passes: each forward followed by its backward, or every forward before any
 # backward (several forwards live at once: one module called more than once per step, fairscale PR 1079's order).
@@ -87,7 +89,8 @@ class TEConfig:
     # TE's default: gradients rounded stochastically), "nvfp4_rn" (NVFP4BlockScaling without stochastic rounding) or
     # "custom" (CustomRecipe over `qfactory`).
     recipe: str | None = None
-    # Which TE construct serves the layers: the Linear module, the GroupedLinear op or the fused grouped MLP.
+    # Which TE construct serves the layers: the Linear module, the GroupedLinear op, the fused grouped MLP, or
+    # LayerNormLinear (each layer a layer norm, then the linear: NORM_MODULES).
     module: str = "linear"
     # fuse_wgrad_accumulation: the wgrad GEMM accumulates into param.main_grad instead of returning it.
     main_grad: bool = False

@@ -1,7 +1,8 @@
 """Planted TE-lane backends for tests of the lane itself.
 
-`LayerNormLinearTE` runs each layer as TE's LayerNormLinear, whose layer norm reaches tex.layernorm_fwd: a tex
-function the emulation does not emulate. Its cases must error naming the function and TE's call site, never pass.
+`GeluLinearTE` runs each layer as TE's Linear followed by te.ops' GELU, which reaches tex.gelu: a tex function the
+emulation does not emulate (tex.layernorm_fwd, this backend's function before, is emulated since; te/tecpu/norm.py).
+Its cases must error naming the function and TE's call site, never pass.
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import torch
 from te_verify.te import api as te_api
 
 
-class LayerNormLinearTE:
-    """TE's LayerNormLinear over the model's Linear weights (the layer norm is the part the emulation lacks)."""
+class GeluLinearTE:
+    """TE's Linear over the model's Linear weights, then te.ops GELU (the part the emulation lacks)."""
 
-    name = "te_layernorm_linear"
+    name = "te_gelu_linear"
     lane = "te"
 
     def available(self) -> tuple[bool, str]:
@@ -23,8 +24,8 @@ class LayerNormLinearTE:
         te = te_api.active().api.module
         layers = []
         for layer in model:
-            module = te.LayerNormLinear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                                        params_dtype=layer.weight.dtype)
+            module = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                               params_dtype=layer.weight.dtype)
             module.weight, module.bias = layer.weight, layer.bias
-            layers.append(module)
+            layers += [module, te.ops.GELU()]
         return torch.nn.Sequential(*layers)

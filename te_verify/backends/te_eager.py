@@ -3,7 +3,8 @@ autocast with the spec's recipe (outside autocast without one). The TE modules h
 
 Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear per layer), "grouped_linear"
 (te.GroupedLinear with one group per layer), "ops_linear" (te.ops.Linear), "ops_grouped_linear"
-(te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers). With
+(te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers),
+"layernorm_linear" (te.LayerNormLinear per models.normed layer, its norm's Parameters shared too). With
 spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
 (grad_added_to_main_grad) the Megatron flag. A model family with LoRA over TE (spec.model.te_base) keeps its
 modules and turns every adapter's base torch Linear into a TE Linear holding the same Parameter (TEFamily), so the
@@ -141,6 +142,15 @@ def _grouped_mlp(api, ls, te, dtype, name):
     return _share(module, {"fc1_weight0": l1.weight, "fc2_weight0": l2.weight, "fc1_bias0": l1.bias, "fc2_bias0": l2.bias})
 
 
+def _layernorm_linear(api, ls, te, dtype, name):
+    """TE's LayerNormLinear holding a NormedLinear's (models.normed) Parameters, its norm's included."""
+    (l,) = ls
+    module = api.LayerNormLinear(l.in_features, l.out_features, eps=l.norm.eps, bias=l.bias is not None,
+                                 **_module_kw(api.LayerNormLinear, te, dtype, name))
+    return _share(module, {"weight": l.weight, "bias": l.bias, "layer_norm_weight": l.norm.weight,
+                           "layer_norm_bias": l.norm.bias})
+
+
 def _ops_class(name: str) -> Callable:
     return lambda api: getattr(api.ops, name, None) if api.ops is not None else None
 
@@ -159,6 +169,8 @@ KINDS: dict[str, Kind] = {
     "ops_grouped_linear": Kind(_ops_grouped_linear, 1, lambda m, x, f: m(x, _split_tensor(x, m.num_groups)),
                                "ops.GroupedLinear", _ops_class("GroupedLinear"), "accumulate_into_main_grad"),
     "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x, f: m(x, [x.shape[0]]), "GroupedMLP", lambda api: api.GroupedMLP),
+    "layernorm_linear": Kind(_layernorm_linear, 1, lambda m, x, f: m(x, **_first_microbatch(m, f)), "LayerNormLinear",
+                             lambda api: getattr(api, "LayerNormLinear", None)),
 }
 
 

@@ -5,6 +5,7 @@ from typing import Iterable
 
 import torch
 
+from te_verify.models.normed import NORM_MODULES, freeze_norm, normed
 from te_verify.models.recompute import CheckpointedStack
 from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear, seeded_randn
 from te_verify.spec import CaseSpec
@@ -42,6 +43,8 @@ def build(spec: CaseSpec, device: torch.device) -> torch.nn.Sequential:
     for fan_in, fan_out in zip(spec.widths, spec.widths[1:]):
         group = [seeded_linear(fan_in, fan_out, spec.has_bias, gen, dtype, device) for _ in range(experts)]
         layers.append(group[0] if experts == 1 else Experts(group, spec.te.frozen_experts))
+    if spec.te is not None and spec.te.module in NORM_MODULES:  # drawn after every linear: their draws unchanged
+        layers = [normed(layer, gen) for layer in layers]
     for i in (spec.te.tied[1:] if spec.te is not None else ()):
         layers[i].weight = layers[spec.te.tied[0]].weight  # tied: one Parameter, used by every listed layer
     if spec.recompute != "none":
@@ -60,8 +63,10 @@ def make_inputs(spec: CaseSpec, batch_shape: tuple[int, ...], device: torch.devi
 
 def set_frozen(layers: Iterable[torch.nn.Module], weight_frozen: tuple[bool, ...],
                bias_frozen: tuple[bool, ...] | None) -> None:
-    """Apply freeze masks to linear layers, in order (a built model iterates its layers; wrappers expose theirs)."""
+    """Apply freeze masks to linear layers, in order (a built model iterates its layers; wrappers expose theirs); a
+    layer's norm (models.normed) follows its bias mask, or its weight mask without biases."""
     for i, layer in enumerate(layers):
+        freeze_norm(layer, (bias_frozen if bias_frozen is not None else weight_frozen)[i])
         for k, linear in enumerate(getattr(layer, "experts", [layer])):
             frozen_expert = k in getattr(layer, "frozen_experts", ())
             linear.weight.requires_grad_(not (weight_frozen[i] or frozen_expert))

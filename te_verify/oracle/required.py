@@ -18,6 +18,12 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
 - experts (TE's GroupedLinear, spec.te.experts > 1): each expert of a layer is its own site ("2.e1") on its share
   of the rows, with its own weight; chunk k of the rows flows through expert k of every layer, so an expert's
   input needs grad iff the model input does or an earlier layer's expert k is trainable.
+- layer norms (spec.te.module in NORM_MODULES: TE's LayerNormLinear): layer i normalizes its input first, the
+  norm's scale and shift frozen with the layer's bias (its weight without biases). The linear's input (the norm's
+  output) needs grad iff the layer input does or the norm is trainable, and a trainable norm makes later inputs need
+  grad. Saved, per layer: the norm's output iff wgrad (a new allocation on every layer, layer 0's too); the norm's
+  input (unless the model input), mean and 1/sigma (fp32, one per row) iff the norm's backward is needed, which is
+  iff the linear's input needs grad.
 - model families (spec.model): the same rules per linear site, with "needs grad" read from the model's module
   graph (te_verify.oracle.graph); sites fed one value save it once, and the model input is never a new save.
   Required work for what is not a linear site (attention, norms, activations) is not derived: the checks
@@ -34,11 +40,12 @@ import torch
 from te_verify.oracle.copy_bytes import HIGH_PRECISION_FPROP, backward_layout, layout_storages
 from te_verify.oracle.recompute import checkpoint_inputs, recomputed_labels, recomputed_sites, working_elements
 from te_verify.oracle.sites import Site
-from te_verify.spec import CaseSpec
+from te_verify.spec import NORM_MODULES, CaseSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
 FP8_BYTES = 1  # an FP8 copy's data holds one byte per element
 SCALE_INV_BYTES = 4  # and its per-tensor scale_inv one fp32 element, in a storage of its own
+NORM_STAT_BYTES = 4  # a layer norm's mean and 1/sigma: one fp32 element per row each
 BACKWARD_ROLES = ("dgrad", "wgrad")
 
 
@@ -74,15 +81,30 @@ def sites(spec: CaseSpec) -> list[Site]:
     frozen = set(spec.te.frozen_experts) if spec.te is not None else set()
     rows = math.prod(spec.batch_shape) // experts
     upstream = [spec.input_requires_grad] * experts
+    norms = trainable_norms(spec)
     out = []
     for i in range(spec.n_layers):
         for k in range(experts):
             w, b = weights[i] and k not in frozen, biases[i] and k not in frozen
             label = str(i) if experts == 1 else f"{i}.e{k}"
+            upstream[k] = upstream[k] or norms[i]
             out.append(Site(label, i, rows, spec.widths[i], spec.widths[i + 1], w, b, upstream[k],
                             input_is_model_input=i == 0))
             upstream[k] = upstream[k] or w or b
     return out
+
+
+def has_norms(spec: CaseSpec) -> bool:
+    """Whether every layer of the stack normalizes its input first (TE's LayerNormLinear)."""
+    return spec.te is not None and spec.te.module in NORM_MODULES
+
+
+def trainable_norms(spec: CaseSpec) -> tuple[bool, ...]:
+    """Per layer, whether its layer norm is trainable in backward (False for every layer of a kind without norms)."""
+    if not has_norms(spec):
+        return (False,) * spec.n_layers
+    weights, biases = trainable_masks(spec)
+    return biases if spec.has_bias else weights
 
 
 def trainable_masks(spec: CaseSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -96,8 +118,10 @@ def trainable_masks(spec: CaseSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]
 def input_needs_grad(spec: CaseSpec) -> tuple[bool, ...]:
     """needs_grad(input of layer i) for every layer."""
     weights, biases = trainable_masks(spec)
+    norms = trainable_norms(spec)
     needs, upstream = [], spec.input_requires_grad
     for i in range(spec.n_layers):
+        upstream = upstream or norms[i]
         needs.append(upstream)
         upstream = upstream or weights[i] or biases[i]
     return tuple(needs)
@@ -213,6 +237,7 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                  for s in checkpoint_inputs(spec, sites(spec)) if s.layer > 0]
         return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
     fp8 = spec.te is not None and spec.te.recipe is not None
+    normed = has_norms(spec)  # the norm's output is every layer's new input
     items = []
     for s in sites(spec):
         for kind, role, label in (("input", "wgrad", "input"), ("weight", "dgrad", "weight_copy")):
@@ -223,9 +248,18 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                           for part, b in fp8_copy_storages(s, kind, spec.te.recipe)]
             elif spec.autocast:
                 items.append((s.layer, label, autocast_copy_bytes(spec, s, kind)))
-            elif kind == "input" and s.layer > 0:
+            elif kind == "input" and (s.layer > 0 or normed):
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
+        if normed and s.input_needs_grad:
+            items += _norm_saved(spec, s)
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
+
+
+def _norm_saved(spec: CaseSpec, site: Site) -> list[tuple[int, str, int]]:
+    """What a layer norm's backward reads: its input (unless the model input), its mean and 1/sigma."""
+    items = [] if site.input_is_model_input else [
+        (site.layer, "norm_input", site.rows * site.fan_in * BYTES_PER_ELEMENT[spec.dtype])]
+    return items + [(site.layer, stat, site.rows * NORM_STAT_BYTES) for stat in ("norm_mean", "norm_rsigma")]
 
 
 def _family_saved(spec: CaseSpec) -> RequiredSaved:
@@ -258,14 +292,16 @@ def required_peak(spec: CaseSpec) -> int:
     grads = sum(spec.widths[i] * spec.widths[i + 1] for i in range(spec.n_layers) if weights[i])
     grads += sum(spec.widths[i + 1] for i in range(spec.n_layers) if biases[i])
     grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
+    grads += sum(2 * spec.widths[i] for i, trainable in enumerate(trainable_norms(spec)) if trainable)  # scale, shift
     activation = rows * max(spec.widths)
+    in_flight = 3 if has_norms(spec) else 2  # + a norm's output
     # A layer's backward returns its wgrad and bgrad together, so one replay temporary is weight + bias sized.
     bias = 1 if spec.has_bias else 0
     weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]
                       for i in range(spec.n_layers)) if spec.replays > 1 else 0
     output = rows * spec.widths[-1]
     recompute = working_elements(spec, sites(spec))
-    return required_saved(spec).nbytes + size * (output + grads + 2 * activation + weight_temp + recompute) + _cast_peak(spec)
+    return required_saved(spec).nbytes + size * (output + grads + in_flight * activation + weight_temp + recompute) + _cast_peak(spec)
 
 
 def _cast_peak(spec: CaseSpec) -> int:

@@ -11,6 +11,10 @@ from te_verify.models.marks import SITE_MARK
 from te_verify.te import api as te_api
 
 
+# TE's modules that are one linear site each (LayerNormLinear: a norm, then its linear).
+TE_LINEARS = ("Linear", "LayerNormLinear")
+
+
 @dataclass(frozen=True)
 class Site:
     """One linear site: a layer, or one expert of a grouped layer."""
@@ -44,10 +48,10 @@ class Site:
 
 
 def is_linear(module: torch.nn.Module) -> bool:
-    """torch.nn.Linear, TE's Linear (a module with a 2-D weight named like TE's), or the Linear of the --te-impl
+    """torch.nn.Linear, TE's Linear or LayerNormLinear (a module with a 2-D weight named like TE's), or the Linear of the --te-impl
     serving the TE lane (te_api.is_api_linear: a pure-PyTorch build's)."""
     return isinstance(module, torch.nn.Linear) or type(module).__module__.startswith("transformer_engine") and \
-        type(module).__name__ == "Linear" or te_api.is_api_linear(module)
+        type(module).__name__ in TE_LINEARS or te_api.is_api_linear(module)
 
 
 class SiteWeight(NamedTuple):

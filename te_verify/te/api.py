@@ -88,6 +88,7 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
         Linear=getattr(module, "Linear", None),
         GroupedLinear=getattr(module, "GroupedLinear", None),
         GroupedMLP=getattr(module, "GroupedMLP", None),
+        LayerNormLinear=getattr(module, "LayerNormLinear", None),
         ops=getattr(module, "ops", None),
         autocast=_autocast_of(module),
         DelayedScaling=getattr(recipes, "DelayedScaling", None),

@@ -13,14 +13,14 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import block_quantize, gemm, quantize
+from te_verify.te.tecpu import block_quantize, gemm, norm, quantize
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
 MODULE_NAME = "transformer_engine_torch"
 
-# What the emulation implements: the Linear, GroupedLinear and te.ops Linear paths (fp32, bf16, per-tensor FP8,
-# MXFP8, FP8 block scaling, NVFP4).
+# What the emulation implements: the Linear, GroupedLinear, LayerNormLinear, LayerNormMLP and te.ops Linear and
+# norm paths (fp32, bf16, per-tensor FP8, MXFP8, FP8 block scaling, NVFP4).
 EMULATED: dict[str, Callable] = {
     "generic_gemm": gemm.generic_gemm,
     "te_general_grouped_gemm": gemm.te_general_grouped_gemm,
@@ -28,6 +28,10 @@ EMULATED: dict[str, Callable] = {
     "split_quantize": quantize.split_quantize,
     "dequantize": quantize.dequantize,
     "bgrad_quantize": quantize.bgrad_quantize,
+    "layernorm_fwd": norm.layernorm_fwd,
+    "layernorm_bwd": norm.layernorm_bwd,
+    "rmsnorm_fwd": norm.rmsnorm_fwd,
+    "rmsnorm_bwd": norm.rmsnorm_bwd,
     "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
     # Columnwise copies made from rowwise ones (2D block-scaled weights: update_usage / _create_columnwise).
     "fp8_transpose": block_quantize.fp8_transpose,
