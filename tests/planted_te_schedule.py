@@ -8,9 +8,10 @@ sits where TE's FP8 weight caching and wgrad decision live.
 - StaleWgrad (planted): decides which weights get a wgrad from the flags at prepare: a weight frozen later is shown
   to TE as trainable during its forward, so TE saves its input and runs its wgrad GEMM (autograd then drops the
   result: the parameter no longer requires grad, so its .grad stays None and only the work is wrong).
-- RefreshesCachedCopies (the clean twin, written differently from te_eager): TE's FP8 weight cache for every weight
-  (is_first_microbatch True on each step's one call: the copy made anew into TE's workspace once per optimizer step,
-  as Megatron passes it), not te_eager's uncached quantization (is_first_microbatch None).
+- QuantizesEveryCall (the clean twin): the same per-layer calls with neither fault: each layer's weight quantized
+  anew at every call (is_first_microbatch None) and its requires_grad as it is. (A twin keeping TE's FP8 weight cache
+  across steps, is_first_microbatch True once per step, holds TE's workspace between iterations, which
+  memory_retained counts: not a clean twin of a single-microbatch case.)
 """
 from __future__ import annotations
 
@@ -76,9 +77,8 @@ class StaleWgrad(TEEagerBackend):
         return PerLayerStack(stack, lambda i, layer: None, shown_trainable)
 
 
-class RefreshesCachedCopies(TEEagerBackend):
-    name = "refreshes_cached_copies"
+class QuantizesEveryCall(TEEagerBackend):
+    name = "quantizes_every_call"
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
-        # One microbatch per optimizer step: every call is its step's first, so each makes the copy TE then reuses.
-        return PerLayerStack(super().prepare(model, spec), lambda i, layer: True)
+        return PerLayerStack(super().prepare(model, spec), lambda i, layer: None)
