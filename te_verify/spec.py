@@ -433,7 +433,8 @@ def _check_kind(m: ModelConfig, rules: KindRules) -> None:
 
 
 def _check_schedule(spec: CaseSpec) -> None:
-    """A freeze schedule: known changes at ascending iterations 2..iterations, on a stack outside the TE lane."""
+    """A freeze schedule: known changes at ascending iterations 2..iterations, on a linear stack (in the TE lane, on
+    the modules _check_te_schedule admits)."""
     schedule = spec.schedule
     if not schedule:
         return
