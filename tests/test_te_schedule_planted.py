@@ -3,9 +3,8 @@ changed between iterations (planted_te_schedule). A build that keeps reading the
 weight was frozen after that weight is unfrozen fails fp8_scaling (the weight not quantized in iterations 2 and 3)
 and the values of iteration 3 (the first forward after the unfrozen weight's first step), naming the layer; a build
 that keeps running the wgrad GEMM of a weight frozen mid-training fails gemm_work at iterations 2 and 3, naming the
-layer. The clean twin (the same per-layer calls without either fault) passes every check of the
-unfreeze (but the TE gap recorded
-for the family) and of the high-precision freeze at every iteration."""
+layer. The clean twin (the same per-layer calls without either fault) passes every check of the unfreeze but the TE
+gap recorded for the family, and the work checks of the high-precision freeze at every iteration."""
 from __future__ import annotations
 
 import pytest
