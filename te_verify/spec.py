@@ -436,7 +436,8 @@ def _check_kind(m: ModelConfig, rules: KindRules) -> None:
 
 
 def _check_schedule(spec: CaseSpec) -> None:
-    """A freeze schedule: known changes at ascending iterations 2..iterations, on a stack outside the TE lane."""
+    """A freeze schedule: known changes at ascending iterations 2..iterations, on a linear stack (in the TE lane, on
+    the modules _check_te_schedule admits)."""
     schedule = spec.schedule
     if not schedule:
         return
@@ -446,10 +447,26 @@ def _check_schedule(spec: CaseSpec) -> None:
     at = [k for k, _ in schedule]
     _check(at == sorted(set(at)) and 2 <= at[0] and at[-1] <= spec.iterations,
            f"schedule={schedule!r}: iterations ascending, each in 2..{spec.iterations} (iterations={spec.iterations})")
-    _check(spec.model is None and spec.te is None,
-           f"schedule={schedule!r}: changes the linear stack's masks; not for a model family or the TE lane")
+    _check(spec.model is None, f"schedule={schedule!r}: changes the linear stack's masks; not for a model family")
+    if spec.te is not None:
+        _check_te_schedule(spec.te)
     _check(spec.has_bias or all(c != "bias_only" for _, c in schedule),
            f"schedule={schedule!r}: 'bias_only' needs biases (bias_frozen is None)")
+
+
+# TE modules a freeze schedule is built for: one TE module per layer, each holding its layer's own Parameters.
+SCHEDULE_TE_MODULES = ("linear", "ops_linear")
+
+
+def _check_te_schedule(te: TEConfig) -> None:
+    """A freeze schedule in the TE lane: per-layer TE modules (their requires_grad flags are the layers'), one
+    microbatch per iteration, no main_grad buffers (made at prepare for the weights trainable then)."""
+    _check(te.module in SCHEDULE_TE_MODULES,
+           f"te.module={te.module!r}: a freeze schedule runs on {SCHEDULE_TE_MODULES} in the TE lane")
+    plain = {"microbatches": (te.microbatches, 1), "main_grad": (te.main_grad, False),
+             "delay_wgrad": (te.delay_wgrad, False), "tied": (te.tied, ()), "experts": (te.experts, 1)}
+    for name, (value, default) in plain.items():
+        _check(value == default, f"te.{name}={value!r}: a freeze schedule is not built with it (only {default!r})")
 
 
 def _check_model(spec: CaseSpec) -> None:

@@ -30,6 +30,7 @@ from te_verify.oracle.required import sites, te_sites
 from te_verify.checks.te_accumulation import FP8_SAVED, microbatch_waste
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.iterations import each_iteration
+from te_verify.models.schedule import new_state_bytes
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
@@ -290,6 +291,6 @@ def verify_te_stack(case: CaseRun) -> list[Verdict]:
                          *values,
                          *scaling_verdicts(case, got),
                          state_left_behind(spec.id, name, ref, got, tol),
-                         *leftover_verdicts(spec.id, name, ref, got),
+                         *leftover_verdicts(spec.id, name, ref, got, allowed=new_state_bytes(spec, 2)),
                          *each_iteration(spec, (got,), lambda at, runs: te_waste(spec.id, name, at, *runs)),
                          *te_compile_verdicts(case, got)])
