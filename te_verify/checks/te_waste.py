@@ -19,6 +19,7 @@ from te_verify.oracle.copy_bytes import BLOCK_FORMAT
 from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
+from te_verify.oracle.recompute import recomputed_sites
 from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -43,16 +44,20 @@ def _work_by_site(events: list) -> tuple[Counter, Counter, Counter | None]:
 def _work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
     need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
-    split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events."""
+    split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events.
+    A site in a checkpointed block whose backward runs (oracle.recompute) needs its fprop once more per pass."""
     count, flops, read = _work_by_site(events)
     # The reference logs its bias reductions; at the tex boundary a bias gradient is a GEMM epilogue, not an event.
     measured = ("dgrad", "wgrad", "bgrad") if any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
     unattributed = sum(e.layer == "?" for e in events)
     problems = [f"{unattributed} GEMM(s) not attributable to a layer"] if unattributed else []
+    # Activation recompute: a checkpointed TE module reruns its whole forward in each backward pass (TE's Linear is an
+    # autograd.Function that saves after its GEMM, so torch's early stop never skips it): one fprop more per pass.
+    recomputed = {s.label for s in recomputed_sites(spec, sites(spec))}
     for site in sites(spec):
         layer, roles = site.label, site.roles()
         for role in ("fprop", *measured):
-            want = 1 if role == "fprop" else (passes if role in roles else 0)
+            want = (1 + passes * (layer in recomputed)) if role == "fprop" else (passes if role in roles else 0)
             got = count[(layer, role)]
             label = f"layer {layer}" + (f" ({_why(role)})" if role != "fprop" and role not in roles else "")
             line = f"{label}: {got} {role} GEMM{'s' if got != 1 else ''}, {want} required"
