@@ -47,7 +47,7 @@ def test_torch_checkpoints_are_not_generated_under_fp8():
     """torch's checkpoint recomputes outside TE's autocast (matrix.te_recompute says why); TE's is generated."""
     specs = te_recompute_specs("te_peft", "nightly") + te_recompute_specs("te_fp8", "nightly")
     assert not [s.id for s in specs if s.recompute in ("reentrant", "nonreentrant") and s.te.recipe]
-    assert {s.recompute for s in specs if s.te.recipe} == {"te", "te_nonreentrant"}
+    assert {s.recompute for s in specs if s.te.recipe} == {"te"}  # te_nonreentrant: its saves are out of sight
     assert len(te_recompute_specs("te_peft", "pr")) + len(te_recompute_specs("te_fp8", "pr")) == 6
 
 
@@ -75,6 +75,8 @@ def test_torch_and_te_checkpoints_pass_every_check(te_python, mode):
     except CheckFailures:  # TE's checkpoint leaves TE's first-FP8-module flag set: its own known gap, nothing else
         assert mode.startswith("te")
     failed = {v.check: v.message for v in case.verdicts if not v.ok}
+    if mode == "te_nonreentrant":  # TE's frame holds its region's saves: the saved check says it cannot see them
+        assert "te_saved_bytes not observed: TE's non-reentrant checkpoint" in failed.pop("te_saved_bytes")
     assert set(failed) <= ({"process_state"} if mode.startswith("te") else set()), failed
     assert all(GAP in message for message in failed.values()), failed
     work = next(v for v in case.verdicts if v.check == "gemm_work")
