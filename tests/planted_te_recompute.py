@@ -8,6 +8,9 @@ GEMMs and their saved tensors are TE's own Python over the active --te-impl.
   gradients, throwing the frozen ones' away: TE's Linear runs a wgrad GEMM per frozen weight.
 - HandTECheckpoint("hoard"): the forward keeps every activation of the block besides its input (no memory saved),
   and backward recomputes all the same.
+- HandTECheckpoint("fp8_autocast"): the block enters TE's autocast itself (as a user wrapping autocast inside a
+  checkpoint does), so its recompute in backward quantizes with the scales as updated since the forward, and the
+  autocast's exit there updates the delayed-scaling state a second time.
 """
 from __future__ import annotations
 
@@ -18,6 +21,20 @@ from te_verify.backends.te_eager import TEEagerBackend, TEStack
 from te_verify.spec import CaseSpec
 
 
+class _InAutocast(torch.nn.Module):
+    """A block of layers run inside TE's autocast with `recipe` (the "fp8_autocast" fault)."""
+
+    def __init__(self, layers: list[torch.nn.Module], api, recipe) -> None:
+        super().__init__()
+        self.layers, self.api, self.recipe = torch.nn.ModuleList(layers), api, recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.api.autocast(enabled=True, recipe=self.recipe):
+            for layer in self.layers:
+                x = layer(x)
+        return x
+
+
 class _HandStack(TEStack):
     """TEStack whose blocks run under the hand-written checkpoint with `fault`."""
 
@@ -25,6 +42,8 @@ class _HandStack(TEStack):
 
     def _run_block(self, layers: list[torch.nn.Module], rows: torch.Tensor, flag: bool | None) -> torch.Tensor:
         params = [p for layer in layers for p in layer.parameters()]
+        if self.fault == "fp8_autocast":
+            layers = [_InAutocast(layers, self.api, self.recipe)]
         return _Checkpoint.apply(layers, self.fault, rows, *params)
 
 

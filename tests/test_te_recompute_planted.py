@@ -16,7 +16,8 @@ from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
 from te_verify.run.caserun import CaseRun
 from te_verify.run.microbatch import run_mean_reduced
-from te_verify.run.te_case import verify_te_stack
+from te_verify.checks.fp8_scaling import fp8_scaling
+from te_verify.run.te_case import te_probes, verify_te_stack
 from te_verify.spec import CaseSpec, SpecError, TEConfig
 from te_verify.te import api as te_api
 
@@ -24,6 +25,9 @@ from te_verify.te import api as te_api
 # precision, distinct widths (TE's high-precision GEMMs take any).
 FROZEN_INSIDE = CaseSpec("te_peft", (16, 24, 40, 8, 12), (False, True, False, True), None, True, (32,),
                          te=TEConfig(), recompute="te")
+# The same under delayed scaling, on widths FP8 GEMMs take.
+FP8_INSIDE = CaseSpec("te_fp8", (32, 64, 128, 64, 32), (False, True, False, True), None, True, (32,),
+                      te=TEConfig(recipe="delayed"), recompute="te")
 
 # expectations/te_eager.toml: the recompute's autocast entry sets it and nothing clears it before the next forward.
 GAP = "TE first FP8 module True (was False)"
@@ -108,3 +112,19 @@ def test_a_recompute_that_keeps_every_activation_fails_the_saved_check(te_python
     saved = saved_bytes(FROZEN_INSIDE.id, "hand_te_checkpoint_hoard", FROZEN_INSIDE, record)
     assert not saved.ok and "required" in saved.message
     assert gemm_work(FROZEN_INSIDE.id, "hand", FROZEN_INSIDE, record).ok  # it recomputes as the clean twin does
+
+
+@pytest.mark.parametrize("backend", [TEEagerBackend(), HandTECheckpoint("fp8_autocast")], ids=["te", "autocast_inside"])
+def test_a_recompute_that_rescales_fp8_fails_fp8_scaling(te_python, backend):
+    """TE's checkpoint requantizes with the forward's scales and leaves the delayed-scaling state as the forward's
+    update made it; a recompute re-entering TE's autocast in backward uses the updated scales and updates again."""
+    case = CaseRun(FP8_INSIDE, backend.name, backend)
+    record = run_mean_reduced(FP8_INSIDE, backend, te_probes(case))
+    assert record.error is None, record.error
+    verdict = fp8_scaling(FP8_INSIDE.id, backend.name, FP8_INSIDE, record)
+    if backend.name == "te_eager":
+        assert verdict.ok, verdict.message
+        return
+    assert not verdict.ok
+    assert "(recompute in backward call 1): quantized with scale" in verdict.message
+    assert "the forward's was 1.0" in verdict.message
