@@ -19,7 +19,7 @@ from te_verify.oracle.copy_bytes import BLOCK_FORMAT
 from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
-from te_verify.oracle.recompute import recomputed_sites
+from te_verify.oracle.recompute import checkpoint_inputs, recomputed_labels, recomputed_sites
 from te_verify.oracle.required import graph_exists, operand_bytes, required_flops, required_roles, required_saved, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -209,16 +209,34 @@ def _cast_copies(spec: CaseSpec, record: Record) -> list[str]:
     return lines
 
 
+def _checkpointed_inputs(spec: CaseSpec, record: Record) -> list[str]:
+    """Under recompute: each saved input of a layer inside a checkpointed block other than the block's input (which
+    is what the forward keeps; the rest is recomputed in backward), naming the layer."""
+    if spec.recompute == "none":
+        return []
+    inside = recomputed_labels(spec, sites(spec)) - {s.label for s in checkpoint_inputs(spec, sites(spec))}
+    layers = {root[0]: layer for root, layer in record.observations.get("input_layers", {}).items()}
+    seen, lines = set(), []
+    for item in record.observations.get("saved_items", []):
+        layer = layers.get(item.key) if item.new else None
+        if layer in inside and item.key not in seen:
+            seen.add(item.key)
+            lines.append(f"layer {layer} (checkpointed: recomputed in backward): saved its input {list(item.shape)} "
+                         f"{item.storage_bytes:,} B, 0 required")
+    return lines
+
+
 def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events; then the
     saved storages neither names (_unaccounted)."""
+    checkpointed = _checkpointed_inputs(spec, record)
     if saved_fp8_copies(spec, record):
-        return ["the FP8 copies kept, by site, are in the fp8_copies check", *_unaccounted(record)]
+        return [*checkpointed, "the FP8 copies kept, by site, are in the fp8_copies check", *_unaccounted(record)]
     required = required_roles(spec)
     events = [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
               for e in record.observations.get("te_saved", [])
               if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
-    return events + _cast_copies(spec, record) + _unaccounted(record)
+    return checkpointed + events + _cast_copies(spec, record) + _unaccounted(record)
 
 
 def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
