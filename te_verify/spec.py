@@ -37,8 +37,11 @@ USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
 # Activation recompute around the model's blocks (te_verify.models.recompute): none; torch.utils.checkpoint without
-# and with reentrant autograd.
-RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant")
+# and with reentrant autograd; in the TE lane also TE's own transformer_engine.pytorch.distributed.checkpoint, with
+# TE's default use_reentrant=True ("te") and use_reentrant=False ("te_nonreentrant").
+RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant", "te", "te_nonreentrant")
+TE_RECOMPUTE_MODES = ("te", "te_nonreentrant")
+REENTRANT_MODES = ("reentrant", "te")  # the modes checkpointing with reentrant autograd
 # Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
 # optimizer steps moved and on FP8 scales two updates produced.
 ITERATIONS = 3
@@ -497,12 +500,21 @@ def _check_model(spec: CaseSpec) -> None:
 
 def _check_recompute(spec: CaseSpec) -> None:
     _check(spec.recompute in RECOMPUTE_MODES, f"recompute={spec.recompute!r}: expected one of {RECOMPUTE_MODES}")
-    _check(spec.recompute == "none" or spec.te is None,
-           f"recompute={spec.recompute!r}: not built for the TE lane (te={spec.te.tag if spec.te else None})")
+    _check_te_recompute(spec)
     _check(spec.recompute == "none" or spec.dist is None,
            f"recompute={spec.recompute!r}: not built for the distributed lane (dist={spec.dist.tag if spec.dist else None})")
     _check(spec.recompute == "none" or spec.model is None or spec.model.kind == "llama",
            f"recompute={spec.recompute!r}: only the llama family wraps its blocks (model.kind={spec.model and spec.model.kind!r})")
+def _check_te_recompute(spec: CaseSpec) -> None:
+    """The TE lane checkpoints the stack of TE Linears (te_eager's TEStack), not a model family or another module kind;
+    TE's checkpoint modes are the TE lane's."""
+    _check(spec.recompute not in TE_RECOMPUTE_MODES or spec.te is not None,
+           f"recompute={spec.recompute!r}: TE's checkpoint needs the TE lane (te=None)")
+    _check(spec.recompute == "none" or spec.te is None or (spec.model is None and spec.te.module == "linear"),
+           f"recompute={spec.recompute!r}: the TE lane checkpoints a stack of te.Linear only "
+           f"(te={spec.te.tag if spec.te else None}, model={spec.model and spec.model.kind!r})")
+
+
 def _check_autocast(spec: CaseSpec) -> None:
     _check(spec.autocast in AUTOCASTS, f"autocast={spec.autocast!r}: expected one of {AUTOCASTS}")
     _check(not spec.autocast or spec.dtype == "fp32",

@@ -28,8 +28,8 @@ def test_the_recompute_spec_field_is_validated_and_named_only_off_its_default():
     assert "ckpt" not in FROZEN_INSIDE.replace(recompute="none").id
     with pytest.raises(SpecError, match="recompute='sometimes'"):
         FROZEN_INSIDE.replace(recompute="sometimes")
-    with pytest.raises(SpecError, match="recompute='reentrant': not built for the TE lane"):
-        FROZEN_INSIDE.replace(recompute="reentrant", te=TEConfig())
+    with pytest.raises(SpecError, match="recompute='reentrant': the TE lane checkpoints a stack of te.Linear only"):
+        FROZEN_INSIDE.replace(recompute="reentrant", te=TEConfig(module="grouped_linear"))
     with pytest.raises(SpecError, match="recompute='reentrant': not built for the distributed lane"):
         FROZEN_INSIDE.replace(recompute="reentrant", dist=DistConfig("ddp"))
 

@@ -10,6 +10,8 @@ spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_o
 modules and turns every adapter's base torch Linear into a TE Linear holding the same Parameter (TEFamily), so the
 torch reference and the TE run start bit-identical; the adapters stay torch Linears. TE's modules are made on the
 run's device (te_verify.device), like the model whose Parameters they hold; an implementation that cannot run there skips with its reason.
+With spec.recompute each pair of TE modules (models.recompute.regions) runs under torch's checkpoint or TE's own
+(`distributed.checkpoint` of the --te-impl: te_checkpoint), inside TE's autocast as users call it.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from typing import Callable
 import torch
 
 from te_verify import device as run_device
+from te_verify.compat import te_checkpoint_cpu
+from te_verify.models.recompute import regions, run_block
 from te_verify.te import api as te_api
-from te_verify.spec import CaseSpec, TEConfig
+from te_verify.spec import REENTRANT_MODES, TE_RECOMPUTE_MODES, CaseSpec, TEConfig
 
 
 def fp8_skip_reason(spec: CaseSpec, impl: te_api.TEImpl) -> str | None:
@@ -191,16 +195,33 @@ def missing_api(spec: CaseSpec, api: SimpleNamespace) -> list[str]:
         missing.append(f"{kind.needs}.backward_dw with delay_wgrad_compute=True")
     if te.recipe is not None and api.Format is None:
         missing.append(f"Format (the recipe's fp8_format={te.fp8_format})")
+    if spec.recompute in TE_RECOMPUTE_MODES and _te_checkpoint_of(api) is None:
+        missing.append("distributed.checkpoint")
     return missing
+
+
+def _te_checkpoint_of(api: SimpleNamespace) -> Callable | None:
+    return getattr(getattr(api.module, "distributed", None), "checkpoint", None)
+
+
+def te_checkpoint(impl: te_api.TEImpl) -> Callable:
+    """The --te-impl's `distributed.checkpoint`; for the CPU run of TE's Python, with the CPU RNG step it needs there
+    (compat.te_checkpoint_cpu)."""
+    if impl.kind == te_api.EMULATED and not torch.cuda.is_available():
+        te_checkpoint_cpu.apply()
+    return _te_checkpoint_of(impl.api)
 
 
 class TEStack(torch.nn.Module):
     """The converted layers plus how to call them; backward_dw() runs every module's queued wgrads."""
 
-    def __init__(self, modules: list[torch.nn.Module], kind: Kind, api: SimpleNamespace, recipe) -> None:
+    def __init__(self, modules: list[torch.nn.Module], kind: Kind, api: SimpleNamespace, recipe,
+                 recompute: str = "none", checkpoint: Callable | None = None) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList(modules)
         self.kind, self.api, self.recipe = kind, api, recipe
+        # CaseSpec.recompute, and TE's checkpoint for its modes (te_checkpoint).
+        self.recompute, self.checkpoint = recompute, checkpoint
 
     def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         """`is_first_microbatch` reaches every module that takes it (TE's Linear and GroupedLinear: True makes and
@@ -209,9 +230,20 @@ class TEStack(torch.nn.Module):
         with self.api.autocast(enabled=True, recipe=self.recipe) if self.recipe else contextlib.nullcontext():
             lead = x.shape[:-1]
             rows = x.reshape(-1, x.shape[-1])
-            for layer in self.layers:
-                rows = self.kind.call(layer, rows, is_first_microbatch)
+            for block in regions(len(self.layers)):
+                rows = self._run_block([self.layers[i] for i in block], rows, is_first_microbatch)
         return rows.reshape(*lead, -1)
+
+    def _run_block(self, layers: list[torch.nn.Module], rows: torch.Tensor, flag: bool | None) -> torch.Tensor:
+        """One block of layers, checkpointed as spec.recompute says."""
+        def block(h: torch.Tensor) -> torch.Tensor:
+            for layer in layers:
+                h = self.kind.call(layer, h, flag)
+            return h
+
+        if self.recompute in TE_RECOMPUTE_MODES:
+            return self.checkpoint(block, rows, use_reentrant=self.recompute in REENTRANT_MODES)
+        return run_block(self.recompute, block, rows)
 
     def backward_dw(self) -> None:
         for layer in self.layers:
@@ -289,6 +321,9 @@ class TEEagerBackend:
             return f"{te.module} pairs layers: needs an even number of layers"
         if te.module == "ops_linear" and te.delay_wgrad:
             return "te.ops.Linear has no delay_wgrad_compute"
+        if spec.recompute != "none" and not self.impl.runs_te_python:  # unmeasured: the reference logs its own saves
+            return (f"activation recompute over --te-impl {self.impl.name} is not built yet (its saved-copy log and "
+                    f"aten GEMMs under a checkpoint are unmeasured; issue 34: TE's Python only)")
         # FP8 first: a build without FP8 skips its FP8 cases for that, not for an FP8 API it has no use for.
         missing = missing_api(spec, self.impl.api)
         return fp8_skip_reason(spec, self.impl) or (
@@ -302,7 +337,8 @@ class TEEagerBackend:
         recipe = te_api.case_recipe(api, te)
         if spec.model is not None:
             return TEFamily(convert_family(model, spec, api, self.extra_sites), api, recipe)
-        return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe)
+        checkpoint = te_checkpoint(self.impl) if spec.recompute in TE_RECOMPUTE_MODES else None
+        return TEStack(convert(model, spec, api), KINDS[te.module], api, recipe, spec.recompute, checkpoint)
 
 
 def skip_unsupported(case) -> None:

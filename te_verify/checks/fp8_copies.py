@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from te_verify.checks.verdict import Verdict, not_observed
+from te_verify.oracle.recompute import recomputed_labels
 from te_verify.oracle.required import SCALE_INV_BYTES, fp8_copy_bytes, sites
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
@@ -75,20 +76,23 @@ def _aten_copies(spec: CaseSpec, obs: dict) -> list[SavedCopy]:
 
 def fp8_copies(case_id: str, backend: str, spec: CaseSpec, record: Record) -> Verdict:
     """Every layer kept exactly the FP8 copies its backward GEMMs read: an input copy iff its wgrad is required,
-    a weight copy iff its dgrad is, one layout each (oracle.fp8_copy_bytes)."""
+    a weight copy iff its dgrad is, one layout each (oracle.fp8_copy_bytes); none for a site in a checkpointed block."""
     copies = saved_fp8_copies(spec, record)
     if copies is None:
         return Verdict("fp8_copies", False, f"[{case_id}] backend {backend}: no record of the copies saved (tex "
                                               f"record, or aten copies followed, with saved tensors)")
     got = {(c.layer, c.kind): c for c in copies}
     problems = []
+    # A site in a checkpointed block keeps nothing from the forward: its recompute in backward makes what it reads.
+    recomputed = recomputed_labels(spec, sites(spec))
     for site in sites(spec):
         layer, roles = site.label, site.roles()
         for kind, role in (("input", "wgrad"), ("weight", "dgrad")):
-            want = fp8_copy_bytes(site, kind, spec.te.recipe) if role in roles else 0
+            want = fp8_copy_bytes(site, kind, spec.te.recipe) if role in roles and layer not in recomputed else 0
             have = got.pop((layer, kind), None)
             if (have.nbytes if have else 0) != want:
-                why = "" if role in roles else f" ({role} not needed)"
+                why = (f" ({role} not needed)" if role not in roles
+                       else " (checkpointed: recomputed in backward)" if layer in recomputed else "")
                 saved = f"{have.nbytes:,} B in {have.buffers} buffers" if have else "nothing"
                 problems.append(f"layer {layer}{why}: saved {kind} FP8 copy: {saved}, {want:,} B required")
     problems += [f"layer {c.layer}: saved {c.kind} FP8 copy of unknown use ({c.nbytes:,} B)" for c in got.values()]

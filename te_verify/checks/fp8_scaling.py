@@ -15,6 +15,8 @@ common/recipe/delayed_scaling.cu; the scale rule common/recipe/recipe_common.cuh
   where the recipe says so).
 - fp8_max is the recipe's format's for the tensor's direction: E4M3 (448) forward, and backward too in the E4M3
   format, E5M2 (57344) for gradients in HYBRID.
+- TE's activation recompute (te.distributed.checkpoint): a forward tensor quantized again in backward uses the scale
+  the same iteration's forward used and adds nothing to the history (TE stashes and restores the scaling state).
 - The weight copy: with is_first_microbatch passed (the microbatch families), each weight is quantized exactly once
   per iteration, on its first microbatch (after the optimizer step moved it); otherwise once per forward call.
 Amax histories are compared exactly (an amax is a max: no rounding). Scales are compared within SCALE_ULPS units in
@@ -32,6 +34,7 @@ import torch
 from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.probes.fp8_scaling import CURRENT, DELAYED, Quantization
 from te_verify.record import Record
+from te_verify.spec import TE_RECOMPUTE_MODES
 
 FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -138,21 +141,35 @@ def update_interval(q: Quantization, direction: str) -> int:
 
 
 def _check_delayed(slot: tuple, qs: list[Quantization], states: list[dict], params: RecipeParams, name: str,
-                   found: Findings) -> None:
+                   found: Findings, recompute: bool = False) -> None:
     model = SlotModel([0.0] * params.history_len)
     after_step: dict[int, tuple[list[float], float]] = {}
     by_interval: dict[int, list[Quantization]] = {}
     direction = qs[0].interval[0]  # a slot belongs to the direction it is first quantized in
+    # TE's activation recompute (`recompute`: the case checkpoints with TE's checkpoint) reruns the forward in backward
+    # with the scales its forward used (quantization.py: copy_forward_fp8_meta_tensors_for_recompute before the
+    # forward, get_old_fp8_meta_tensors_for_recompute in the recompute), and restores the updated state after it
+    # (restore_fp8_meta_tensors): such a quantization adds no amax to the history and must use the forward's scale.
+    rerun = [q for q in qs if recompute and direction == "forward" and q.interval[0] == "backward"]
+    rerun_ids, forward_scale = {id(q) for q in rerun}, {}
     for q in qs:
-        by_interval.setdefault(update_interval(q, direction), []).append(q)
+        if id(q) not in rerun_ids:
+            by_interval.setdefault(update_interval(q, direction), []).append(q)
     for group in by_interval.values():
         for q in group:
             found.compared += 1
+            forward_scale[q.iteration] = model.scale
             if not _used_ok(q, model.scale):
                 found.problems.append(f"{name}, iteration {q.iteration} ({q.interval[0]} call {q.interval[1]}): "
                                       f"quantized with scale {q.scale_used:.9g}, the recipe's is {model.scale:.9g}")
         model.update(max(q.amax for q in group), params, _fp8_max(params, direction))
         after_step[group[-1].iteration] = (list(model.history), model.scale)
+    for q in rerun:
+        found.compared += 1
+        want = forward_scale.get(q.iteration)
+        if want is None or not _used_ok(q, want):
+            found.problems.append(f"{name}, iteration {q.iteration} (recompute in backward call {q.interval[1]}): "
+                                  f"quantized with scale {q.scale_used:.9g}, the forward's was {want}")
     _check_states(slot, states, after_step, name, found)
 
 
@@ -232,7 +249,8 @@ def fp8_scaling(case_id: str, backend: str, spec, got: Record) -> Verdict:
         slots.setdefault((q.kind, q.slot), []).append(q)
     for (kind, slot), group in slots.items():
         if kind == DELAYED:
-            _check_delayed(slot, group, seen["states"], params, names.get(slot, f"delayed-scaling slot {slot[1]}"), found)
+            _check_delayed(slot, group, seen["states"], params, names.get(slot, f"delayed-scaling slot {slot[1]}"), found,
+                           spec.recompute in TE_RECOMPUTE_MODES)
     _check_current([q for q in qs if q.kind == CURRENT], params, names, directions, found)
     _check_weight_copies(qs, spec.te.microbatches, first_flag, seen["forward_calls"], len(seen["states"]) or 1,
                          seen.get("weight_uses", {}), found)

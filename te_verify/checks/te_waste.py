@@ -19,12 +19,18 @@ from te_verify.oracle.copy_bytes import BLOCK_FORMAT
 from te_verify.checks.fp8_copies import copies_made, fp8_copies, saved_fp8_copies
 from te_verify.checks.verdict import Verdict, not_observed, waste_ratio
 from te_verify.checks.waste import by_role
+from te_verify.oracle.recompute import checkpoint_inputs, recomputed_labels, recomputed_sites
 from te_verify.oracle.required import (RequiredSaved, graph_exists, operand_bytes, required_flops, required_roles,
                                       required_saved, sites)
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
 UNKNOWN = "unknown"
+# TE's non-reentrant checkpoint (distributed.py _checkpoint_hook) is the innermost saved_tensors_hooks of its region:
+# every save there becomes an index into TE's own frame and the block's input stays in its closure, so the saved
+# probe sees nothing of the region (measured: 0 B saved where the block input is required).
+TE_FRAME = ("TE's non-reentrant checkpoint keeps its region's saves in its own frame (its pack hook replaces every "
+            "saved tensor by an index), out of the saved-tensor probe's sight")
 
 
 def _why(role: str) -> str:
@@ -53,10 +59,13 @@ def _required_work(spec: CaseSpec, passes: int, measured: tuple[str, ...]) -> di
     """(label, role) -> (GEMMs, FLOPs, operand bytes, why not required) the required GEMMs spend; tied sites summed
     under the first's label."""
     group, want = tied_labels(spec), {}
+    # Activation recompute: a checkpointed TE module reruns its whole forward in each backward pass (TE's Linear is an
+    # autograd.Function that saves after its GEMM, so torch's early stop never skips it): one fprop more per pass.
+    recomputed = {s.label for s in recomputed_sites(spec, sites(spec))}
     for site in sites(spec):
         roles, layer = site.roles(), group.get(site.label, site.label)
         for role in ("fprop", *measured):
-            n = 1 if role == "fprop" else (passes if role in roles else 0)
+            n = (1 + passes * (site.label in recomputed)) if role == "fprop" else (passes if role in roles else 0)
             nbytes = 0 if role == "bgrad" else n * operand_bytes(spec, site, role)
             why = f" ({_why(role)})" if role != "fprop" and role not in roles else ""
             old = want.get((layer, role), (0, 0, 0, why))
@@ -68,7 +77,8 @@ def _required_work(spec: CaseSpec, passes: int, measured: tuple[str, ...]) -> di
 def work_problems(spec: CaseSpec, events: list, passes: int) -> list[str]:
     """Per site and role, the FLOPs (and at the tex boundary the operand bytes) spent against what the required GEMMs
     need: fprop once, dgrad/wgrad once per backward pass where required. How many GEMMs spent them is a figure, so
-    split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events."""
+    split-K passes; more is waste, fewer a missing GEMM. A bias gradient the reference logs is counted by events.
+    A site in a checkpointed block whose backward runs (oracle.recompute) needs its fprop once more per pass."""
     count, flops, read = _work_by_site(events)
     # The reference logs its bias reductions; at the tex boundary a bias gradient is a GEMM epilogue, not an event.
     measured = ("dgrad", "wgrad", "bgrad") if any(e.role == "bgrad" for e in events) else ("dgrad", "wgrad")
@@ -226,16 +236,34 @@ def _cast_copies(spec: CaseSpec, record: Record) -> list[str]:
     return lines
 
 
+def _checkpointed_inputs(spec: CaseSpec, record: Record) -> list[str]:
+    """Under recompute: each saved input of a layer inside a checkpointed block other than the block's input (which
+    is what the forward keeps; the rest is recomputed in backward), naming the layer."""
+    if spec.recompute == "none":
+        return []
+    inside = recomputed_labels(spec, sites(spec)) - {s.label for s in checkpoint_inputs(spec, sites(spec))}
+    layers = {root[0]: layer for root, layer in record.observations.get("input_layers", {}).items()}
+    seen, lines = set(), []
+    for item in record.observations.get("saved_items", []):
+        layer = layers.get(item.key) if item.new else None
+        if layer in inside and item.key not in seen:
+            seen.add(item.key)
+            lines.append(f"layer {layer} (checkpointed: recomputed in backward): saved its input {list(item.shape)} "
+                         f"{item.storage_bytes:,} B, 0 required")
+    return lines
+
+
 def _surplus(spec: CaseSpec, record: Record) -> list[str]:
     """What explains a saved-bytes surplus: the FP8 copy check by site, or the reference's own copy events; then the
     saved storages neither names (_unaccounted)."""
+    checkpointed = _checkpointed_inputs(spec, record)
     if saved_fp8_copies(spec, record):
-        return ["the FP8 copies kept, by site, are in the fp8_copies check", *_unaccounted(record)]
+        return [*checkpointed, "the FP8 copies kept, by site, are in the fp8_copies check", *_unaccounted(record)]
     required = required_roles(spec)
     events = [f"layer {e.layer} ({role} not needed): saved {e.kind} copy ({e.bytes:,} B)"
               for e in record.observations.get("te_saved", [])
               if (role := "wgrad" if e.kind == "input" else "dgrad") not in required.get(e.layer, set())]
-    return events + _cast_copies(spec, record) + _unaccounted(record)
+    return checkpointed + events + _cast_copies(spec, record) + _unaccounted(record)
 
 
 def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record,
@@ -244,6 +272,8 @@ def saved_bytes(case_id: str, backend: str, spec: CaseSpec, record: Record,
     microbatch iteration requires: checks.te_accumulation), exactly."""
     need = need or required_saved(spec)
     figures: dict[str, Any] = {"saved_bytes_required": need.nbytes, "saved_count_required": need.count}
+    if spec.recompute == "te_nonreentrant":
+        return not_observed("te_saved_bytes", case_id, backend, TE_FRAME, figures, blocked_by=None)
     if "saved_count_raw" not in record.figures:
         figures.update(saved_bytes_actual=UNKNOWN, saved_count_actual=UNKNOWN, saved_bytes_ratio=UNKNOWN)
         return Verdict("te_saved_bytes", False, f"[{case_id}] backend {backend}: no saved-tensor figures "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from te_verify.matrix.models import LORA_TARGETS, model_spec
 from te_verify.matrix.tiers import NON_SQUARE4, SQUARE4, check_tier, dedupe, named_masks
-from te_verify.spec import CaseSpec, ModelConfig
+from te_verify.spec import REENTRANT_MODES, CaseSpec, ModelConfig
 
 MODES = ("nonreentrant", "reentrant")
 
@@ -22,7 +22,7 @@ def reentrant_drops_grads(spec: CaseSpec) -> bool:
     first block that trains, so that happens iff some block trains and the model's input needs no gradient (nor a
     trainable embedding's output). Every stack layer is in a block; a Llama block not frozen whole trains (its
     linears, its adapters or its norms)."""
-    if spec.recompute != "reentrant":
+    if spec.recompute not in REENTRANT_MODES:
         return False
     if spec.model is None:
         weights, biases = spec.frozen_after_prepare()

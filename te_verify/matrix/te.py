@@ -11,6 +11,7 @@ from typing import Callable
 from te_verify.matrix.te_masks import MOE_MIX, MOE_ONE, split_mask_specs
 from te_verify.matrix.te_norms import norm_specs
 from te_verify.matrix.te_orders import order_specs
+from te_verify.matrix.te_recompute import te_recompute_specs
 from te_verify.matrix.tiers import (BF16_MOE_ROWS, BF16_MOE_WIDTHS, BF16_ROWS, BF16_STACK, all_masks, check_tier,
                                     dedupe, named_masks)
 from te_verify.spec import CaseSpec, ModelConfig, TEConfig
@@ -121,6 +122,7 @@ def fp8_specs(tier: str) -> list[CaseSpec]:
                          + [block_spec("te_fp8", r, NON_SQUARE4, masks["all"], BIAS_TRAINED, x) for x in (False, True)],
                          pr_all=True)
     specs += split_mask_specs(tier, "te_fp8", NON_SQUARE4, [dict(recipe=r) for r in RECIPES])
+    specs += te_recompute_specs("te_fp8", tier)  # TE's checkpoint under the FP8 recipes (issue 34)
     return dedupe(specs)
 
 
@@ -163,6 +165,7 @@ def peft_specs(tier: str) -> list[CaseSpec]:
     # iteration on at BF16_STACK's size (grad_scale_resolution fails), so a 1% lean there would pass as noise.
     if tier != "smoke":
         specs += [bf16_stack("te_peft", m, m, x) for m in masks for x in xs if m not in UNRESOLVED_BF16_MASKS]
+    specs += te_recompute_specs("te_peft", tier)  # torch's and TE's checkpoints around pairs of TE Linears (issue 34)
     return dedupe(specs)
 
 

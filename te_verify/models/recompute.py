@@ -5,8 +5,12 @@ backward reads. The block's modules stay where they are (same names, same parame
 the probes' layer order and every backend see the model they would see without recompute: the checkpoint is part
 of the model under test, and the eager reference runs it too.
 
-Modes: "nonreentrant" and "reentrant" are torch.utils.checkpoint.checkpoint with use_reentrant False / True. A reentrant checkpoint runs its block under no_grad, so a block none of whose inputs needs a gradient gives
-its parameters none (torch warns "None of the inputs have requires_grad=True"): the matrix does not generate such
+Modes: "nonreentrant" and "reentrant" are torch.utils.checkpoint.checkpoint with use_reentrant False / True. TE's own
+checkpoint ("te", "te_nonreentrant": the TE lane's, backends.te_eager) wraps the same blocks of TE modules; the torch
+model those modules share their Parameters with (eager's reference, the fp64 truth) runs torch's checkpoint of the
+same reentrancy in its place (spec.REENTRANT_MODES): TE's checkpoint is torch's plus TE's FP8 and RNG state. A
+reentrant checkpoint runs its block under no_grad, so a block none of whose inputs needs a gradient gives its parameters
+none (torch warns "None of the inputs have requires_grad=True"): the matrix does not generate such
 cases (matrix.recompute.reentrant_drops_grads).
 """
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Callable
 
 import torch
 import torch.utils.checkpoint
+
+from te_verify.spec import REENTRANT_MODES
 
 # The linear stack's blocks: consecutive layers (0, 1), (2, 3), ...; a last odd layer is a block of its own.
 REGION_LAYERS = 2
@@ -26,10 +32,10 @@ def regions(n_layers: int) -> list[range]:
 
 
 def run_block(mode: str, block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """`block(x)` under the recompute `mode` (CaseSpec.recompute); as is for "none"."""
+    """`block(x)` under the recompute `mode` (CaseSpec.recompute) with torch's checkpoint; as is for "none"."""
     if mode == "none":
         return block(x)
-    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=mode == "reentrant")
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=mode in REENTRANT_MODES)
 
 
 class CheckpointedStack(torch.nn.Sequential):
@@ -44,11 +50,11 @@ class CheckpointedStack(torch.nn.Sequential):
         # Plain loops and a closure, no generator: thunder's interpreter cannot take len() of one.
         layers = [self[i] for i in range(len(self))]
         for block in regions(len(layers)):
-            x = run_block(self.recompute, _chain([layers[i] for i in block]), x)
+            x = run_block(self.recompute, chain([layers[i] for i in block]), x)
         return x
 
 
-def _chain(layers: list[torch.nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+def chain(layers: list[torch.nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
     """One block's layers applied in order."""
     def block(x: torch.Tensor) -> torch.Tensor:
         for layer in layers:

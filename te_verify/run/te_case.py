@@ -37,7 +37,7 @@ from te_verify.probes import default_probes
 from te_verify.probes.fp8_scaling import scaling_observer
 from te_verify.probes.nvfp4_sr import stochastic_rounding_observer
 from te_verify.record import Record
-from te_verify.spec import CaseSpec
+from te_verify.spec import TE_RECOMPUTE_MODES, CaseSpec
 from te_verify.te.reference import block_recipe, functional, gemm_log
 from te_verify.te.reference.sr_replay import RoundingReplay
 from te_verify.run.microbatch import run_mean_reduced
@@ -62,8 +62,12 @@ def reference_spec(spec: CaseSpec, replay: RoundingReplay | None = None) -> Case
     """`spec` on the reference's module kind with the same numerics; a stochastically rounding recipe without a
     `replay` of a run's choices rounds to nearest instead (the reference a run follows before there is a run)."""
     recipe = spec.te.recipe if replay is not None else STOCHASTIC_RECIPES.get(spec.te.recipe, spec.te.recipe)
+    # TE's checkpoint changes no value (its recompute restores the forward's FP8 scales): the reference, which has
+    # none, runs the blocks without recompute; the run's values are judged against it all the same.
+    recompute = "none" if spec.recompute in TE_RECOMPUTE_MODES else spec.recompute
     return spec.replace(te=dataclasses.replace(spec.te, recipe=recipe,
-                                               module=REFERENCE_KINDS.get(spec.te.module, spec.te.module)))
+                                               module=REFERENCE_KINDS.get(spec.te.module, spec.te.module)),
+                        recompute=recompute)
 
 
 def replaying(replay: RoundingReplay | None):
