@@ -1,4 +1,4 @@
-"""The TE lane under torch.autocast(bf16): a saved cast copy of a frozen weight (issue 34's must-show, TE lane). A frozen
+"""The TE lane under torch.autocast(bf16): a saved cast copy of a frozen weight (issue 34's must-show). A frozen
 first layer whose bias trains, under an input that needs no gradient, has a backward (for its bias) and no dgrad, so
 the bf16 cast of its weight is not needed. te_verify.te.reference keeps none (the clean twin: it casts and saves in
 its own functional code, not TE's); the planted build keeping it (tests/planted_te_autocast.py) fails te_saved_bytes
