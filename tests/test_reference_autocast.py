@@ -37,3 +37,25 @@ def test_the_pr_te_autocast_cases_do_the_required_work_and_keep_the_required_cas
     work, saved = gemm_work(spec.id, "te_eager", spec, got), saved_bytes(spec.id, "te_eager", spec, got)
     assert work.ok and saved.ok, work.message + saved.message
     assert saved.figures["saved_bytes_actual"] == saved.figures["saved_bytes_required"] > 0
+
+
+def test_fp8_under_autocast_emits_the_weight_gradient_in_the_autocast_s_dtype_as_te_does():
+    """TE's wgrad GEMM emits the activation dtype unless it accumulates into main_grad (linear.py `wgrad_gemm_kwargs`
+    out_dtype): under autocast with an FP8 recipe every element of a weight gradient is a bf16 value (TE 2.20.2 over
+    the tex emulation: its dW equals the reference's rounded to bf16, bit for bit); outside autocast it is fp32's. The
+    reference before 2026-11-29 kept the fp32 sum under autocast and fails the first assert."""
+    from te_verify.te.reference import DelayedScaling, autocast
+
+    module, x = Linear(64, 32), torch.randn(16, 64)
+
+    def weight_grad(under_autocast: bool) -> torch.Tensor:
+        module.weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast), autocast(recipe=DelayedScaling()):
+            y = module(x)
+        y.float().sum().backward()
+        return module.weight.grad
+
+    grad = weight_grad(True)
+    assert grad.dtype == torch.float32 and torch.equal(grad, grad.bfloat16().float())
+    grad = weight_grad(False)
+    assert not torch.equal(grad, grad.bfloat16().float())

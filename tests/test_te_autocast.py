@@ -4,6 +4,7 @@ exactly the required ones in bf16; it keeps the bf16 cast of a trainable weight 
 linear.py:739 `wt_save = weightmat`, the AMP cast of :589), which te_saved_bytes names; where every kept copy feeds a
 dgrad the same checks pass. Recorded in expectations/te_eager.toml."""
 import pytest
+import torch
 
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_waste import gemm_work, saved_bytes
@@ -39,3 +40,31 @@ def test_every_kept_cast_feeding_a_dgrad_passes():
     work, saved = _verdicts(EVERY_COPY_FEEDS_DGRAD)
     assert work.ok and saved.ok, work.message + saved.message
     assert saved.figures["saved_bytes_actual"] == saved.figures["saved_bytes_required"] > 0
+
+
+def _layer_step(impl) -> list:
+    """One TE Linear (fp32 parameters, bias) under torch.autocast(bf16) with delayed scaling on `impl`: the output and
+    the input, weight and bias gradients."""
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(16, 64), torch.randn(128, 64) * 0.1, torch.randn(128) * 0.1
+    grad = torch.randn(16, 128)
+    with te_api.using(impl):
+        linear = impl.api.Linear(64, 128, bias=True, params_dtype=torch.float32, device="cpu")
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            linear.bias.copy_(bias)
+        x.requires_grad_(True)
+        recipe = impl.api.DelayedScaling()
+        with torch.autocast("cpu", dtype=torch.bfloat16), impl.api.autocast(enabled=True, recipe=recipe):
+            y = linear(x)
+        y.backward(grad.to(y.dtype))
+    return [y.detach(), x.grad, linear.weight.grad, linear.bias.grad]
+
+
+def test_fp8_under_autocast_te_and_its_reference_agree_bit_for_bit():
+    """TE quantizes the fp32 operands, emits bf16 from every GEMM (wgrad too) and adds the bias before the one
+    rounding; the tex emulation's GEMM runs outside the caller's autocast (before, it multiplied in bf16 and rounded
+    the output twice: 0.27% normwise off the reference), and the reference's wgrad is emitted in bf16 (before: fp32)."""
+    got, want = _layer_step(te_api.active()), _layer_step(te_api.quantized_reference())
+    for name, g, w in zip(("output", "input grad", "weight grad", "bias grad"), got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), name

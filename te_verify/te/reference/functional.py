@@ -151,8 +151,10 @@ def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> 
 
 
 def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
-                    need_bgrad: bool, defer_wgrad: bool = False):
-    """Returns (dgrad | None, wgrad | deferred wgrad thunk | None, bgrad | None), computing only what is asked."""
+                    need_bgrad: bool, defer_wgrad: bool = False, wgrad_dtype: torch.dtype | None = None):
+    """Returns (dgrad | None, wgrad | deferred wgrad thunk | None, bgrad | None), computing only what is asked.
+    `wgrad_dtype`: the dtype the wgrad GEMM emits (TE: the activation dtype, bf16 under torch.autocast, unless it
+    accumulates into main_grad; linear.py `wgrad_gemm_kwargs["out_dtype"]`); None keeps the accumulation dtype."""
     saved_x, x_si, saved_w, w_si, meta = saved
     check_alive(state, meta)
     fp8 = bool(meta[0])
@@ -172,7 +174,7 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
         dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
     if need_wgrad:
         x_op = _operand(saved_x, x_si, fp8)
-        wgrad = wgrad_thunk(state.label, g_col, x_op, fp8)
+        wgrad = wgrad_thunk(state.label, g_col, x_op, fp8, wgrad_dtype)
         wgrad = wgrad if defer_wgrad else wgrad()
     if need_bgrad:
         bgrad = bias_grad(state.label, g2d).to(grad_out.dtype)
@@ -181,6 +183,9 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
     return dgrad, wgrad, bgrad
 
 
-def wgrad_thunk(label: str, g_op: torch.Tensor, x_op: torch.Tensor, fp8: bool) -> Callable[[], torch.Tensor]:
-    """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute)."""
-    return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8)
+def wgrad_thunk(label: str, g_op: torch.Tensor, x_op: torch.Tensor, fp8: bool,
+                out_dtype: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
+    """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute), emitted in `out_dtype` if given."""
+    if out_dtype is None:
+        return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8)
+    return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8).to(out_dtype)

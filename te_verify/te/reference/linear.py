@@ -28,8 +28,11 @@ class _LinearFunction(torch.autograd.Function):
         module = ctx.module
         need_dgrad, need_wgrad, need_bgrad = ctx.needs
         delay = module.delay_wgrad_compute
+        # TE's wgrad GEMM emits the activation dtype (grad_out's: bf16 under torch.autocast) unless fused into main_grad
+        out_dtype = None if module.fuse_wgrad_accumulation else grad_out.dtype
         dgrad, wgrad, bgrad = linear_backward(module.state, grad_out, ctx.saved_tensors,
-                                              need_dgrad, need_wgrad, need_bgrad, defer_wgrad=delay)
+                                              need_dgrad, need_wgrad, need_bgrad, defer_wgrad=delay,
+                                              wgrad_dtype=out_dtype)
         returned = module.weight_grad_for_autograd(wgrad, delay) if need_wgrad else None
         return dgrad, returned, bgrad, None
 
