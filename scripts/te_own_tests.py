@@ -15,25 +15,39 @@ import argparse
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+INTERRUPT_GRACE_S = 120  # after SIGINT, pytest finishes its report; then the process is killed
 
 
-def run_file(tests: Path, name: str, out: Path, capability: str, limit_s: int, extra: list[str]) -> Path:
-    """One TE test file in its own nice'd pytest process; returns its JUnit XML path."""
+def run_file(tests: Path, name: str, out: Path, capability: str, limit_s: int, niceness: int,
+             extra: list[str]) -> Path:
+    """One TE test file in its own nice'd pytest process; returns its JUnit XML path.
+
+    At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
+    JUnit XML of the tests it finished (a kill would lose the whole file's results)."""
     xml = out / (name.replace("/", "__") + ".xml")
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
-    command = ["nice", sys.executable, "-m", "pytest", "-p", "te_own_tests_shim", "-p", "no:te_verify",
-               "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short", f"--junitxml={xml}", name, *extra]
+    command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
+               "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
+               f"--junitxml={xml}", name, *extra]
     with open(out / (name.replace("/", "__") + ".log"), "w") as log:
+        process = subprocess.Popen(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s)
+            process.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             log.write(f"\nte_own_tests: stopped after {limit_s} s\n")
     return xml
 
@@ -68,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the XML, logs and summary go")
     parser.add_argument("--capability", default="sm100", choices=("sm89", "sm90", "sm100"))
     parser.add_argument("--limit-s", type=int, default=1800, help="per-file time limit")
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the test processes (a shared machine)")
     parser.add_argument("--by-cause", action="store_true", help="print failures grouped by their first line")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.files:
         rows = outcomes(run_file(args.tests.resolve(), name, args.out, args.capability, args.limit_s,
-                                 pytest_args))
+                                 args.nice, pytest_args))
         counts = collections.Counter(outcome for _, outcome, _ in rows)
         line = f"{name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
         print(line, flush=True)
