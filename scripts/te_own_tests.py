@@ -74,9 +74,11 @@ def outcomes(xml: Path) -> list[tuple[str, str, str]]:
 
 
 def in_file(test_id: str, name: str) -> bool:
-    """Whether a JUnit test id (classname::name, classname the dotted module path) is from test file `name`."""
+    """Whether a JUnit test id (classname::name, classname the dotted module path) is from test file `name`.
+    A module that fails to import is one row with an empty classname and the dotted module path as its name."""
     module = name.removesuffix(".py").replace("/", ".")
-    classname = test_id.split("::")[0]
+    classname, _, test_name = test_id.partition("::")
+    classname = classname or test_name
     return classname == module or classname.startswith(module + ".")
 
 

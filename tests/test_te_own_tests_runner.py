@@ -24,6 +24,7 @@ XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pyte
 <testcase classname="test_recipe" name="test_b"><failure message="RuntimeError: tex.gelu: not emulated 12">x</failure></testcase>
 <testcase classname="nvfp4.test_nvfp4_gemm_exact" name="test_c[128]"><skipped message="needs 2 GPUs"/></testcase>
 <testcase classname="test_recipe_extra" name="test_d"/>
+<testcase classname="" name="test_float8_blockwise_gemm_exact"><error message="collection failure">x</error></testcase>
 </testsuite></testsuites>"""
 
 
@@ -36,6 +37,8 @@ def test_rows_split_per_file(tmp_path: Path) -> None:
     assert recipe[1][2] == "RuntimeError: tex.gelu: not emulated N"  # numbers masked: one cause groups once
     nvfp4 = [row for row in rows if runner.in_file(row[0], "nvfp4/test_nvfp4_gemm_exact.py")]
     assert [outcome for _, outcome, _ in nvfp4] == ["skipped"]
+    broken = [row for row in rows if runner.in_file(row[0], "test_float8_blockwise_gemm_exact.py")]
+    assert [outcome for _, outcome, _ in broken] == ["failed"]  # an import error counts against its file
 
 
 def test_missing_xml_reports_nothing(tmp_path: Path) -> None:
