@@ -5,9 +5,11 @@
 
 TE's tests are not part of the project: fetch TE's repository (github:NVIDIA/TransformerEngine) and point --tests at
 its tests/pytorch. Each file runs in its own pytest process (scripts/te_own_tests_shim.py boots the emulation and
-rewrites the tests' CUDA touch points), nice'd, on one core, with a per-file time limit. Per file it writes the
-JUnit XML and one summary line; `--by-cause` prints the failures grouped by their error's first line, the start of
-sorting each into the emulation's, the shim's or a GPU-only feature (docs/te-lane.md).
+rewrites the tests' CUDA touch points), nice'd, on one core, with a time limit (at which pytest is interrupted and
+still reports what it finished); `--one-process` runs all files in one process instead, paying TE's import once (on
+a loaded machine it dominates small files). Per file it writes one summary line, from the JUnit XML; `--by-cause`
+prints the failures grouped by their error's first line, the start of sorting each into the emulation's, the
+shim's or a GPU-only feature (docs/te-lane.md).
 """
 from __future__ import annotations
 
@@ -15,25 +17,41 @@ import argparse
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+INTERRUPT_GRACE_S = 120  # after SIGINT, pytest finishes its report; then the process is killed
 
 
-def run_file(tests: Path, name: str, out: Path, capability: str, limit_s: int, extra: list[str]) -> Path:
-    """One TE test file in its own nice'd pytest process; returns its JUnit XML path."""
-    xml = out / (name.replace("/", "__") + ".xml")
+def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
+              extra: list[str]) -> Path:
+    """TE test files in one nice'd pytest process; returns its JUnit XML path.
+
+    At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
+    JUnit XML of the tests it finished (a kill would lose the whole file's results)."""
+    stem = names[0].replace("/", "__") + (f"+{len(names) - 1}" if len(names) > 1 else "")
+    xml = out / (stem + ".xml")
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
-    command = ["nice", sys.executable, "-m", "pytest", "-p", "te_own_tests_shim", "-p", "no:te_verify",
-               "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short", f"--junitxml={xml}", name, *extra]
-    with open(out / (name.replace("/", "__") + ".log"), "w") as log:
+    command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
+               "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
+               "--continue-on-collection-errors",
+               f"--junitxml={xml}", *names, *extra]
+    with open(out / (stem + ".log"), "w") as log:
+        process = subprocess.Popen(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s)
+            process.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             log.write(f"\nte_own_tests: stopped after {limit_s} s\n")
     return xml
 
@@ -55,10 +73,32 @@ def outcomes(xml: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+def in_file(test_id: str, name: str) -> bool:
+    """Whether a JUnit test id (classname::name, classname the dotted module path) is from test file `name`.
+    A module that fails to import is one row with an empty classname and the dotted module path as its name."""
+    module = name.removesuffix(".py").replace("/", ".")
+    classname, _, test_name = test_id.partition("::")
+    classname = classname or test_name
+    return classname == module or classname.startswith(module + ".")
+
+
 def _first_line(message: str) -> str:
     """The error's first line with numbers masked, so one cause groups once."""
     line = message.strip().splitlines()[0] if message.strip() else "(no message)"
     return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", line)[:200]
+
+
+def report(name: str, rows: list[tuple[str, str, str]], out: Path, by_cause: bool) -> None:
+    """One file's summary line (printed and appended to summary.txt), and its failures by cause."""
+    counts = collections.Counter(outcome for _, outcome, _ in rows)
+    line = f"{name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+    print(line, flush=True)
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(line + "\n")
+    if by_cause:
+        causes = collections.Counter(cause for _, outcome, cause in rows if outcome == "failed")
+        for cause, n in causes.most_common():
+            print(f"  {n:5d}  {cause}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", type=Path, required=True, help="TE's tests/pytorch directory")
     parser.add_argument("--out", type=Path, required=True, help="where the XML, logs and summary go")
     parser.add_argument("--capability", default="sm100", choices=("sm89", "sm90", "sm100"))
-    parser.add_argument("--limit-s", type=int, default=1800, help="per-file time limit")
+    parser.add_argument("--limit-s", type=int, default=1800, help="time limit per pytest process")
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the test processes (a shared machine)")
+    parser.add_argument("--one-process", action="store_true",
+                        help="all files in one pytest process (TE's import is paid once: a loaded machine)")
     parser.add_argument("--by-cause", action="store_true", help="print failures grouped by their first line")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -76,18 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.tests / "utils.py").exists():
         parser.error(f"--tests {args.tests}: not TE's tests/pytorch (no utils.py)")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.files:
-        rows = outcomes(run_file(args.tests.resolve(), name, args.out, args.capability, args.limit_s,
-                                 pytest_args))
-        counts = collections.Counter(outcome for _, outcome, _ in rows)
-        line = f"{name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-        print(line, flush=True)
-        with open(args.out / "summary.txt", "a") as summary:
-            summary.write(line + "\n")
-        if args.by_cause:
-            causes = collections.Counter(cause for _, outcome, cause in rows if outcome == "failed")
-            for cause, n in causes.most_common():
-                print(f"  {n:5d}  {cause}")
+    batches = [args.files] if args.one_process else [[name] for name in args.files]
+    for batch in batches:
+        rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s,
+                                  args.nice, pytest_args))
+        for name in batch:
+            report(name, [row for row in rows if in_file(row[0], name)], args.out, args.by_cause)
     return 0
 
 
