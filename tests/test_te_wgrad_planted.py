@@ -27,6 +27,7 @@ from te_verify.models import frozen_at_backward
 from te_verify.matrix.selection import select_pr
 from te_verify.spec import CaseSpec
 from planted_te_wgrad import wgrad_off_by
+from proof_tier import PROOF_TIER
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 
@@ -84,8 +85,19 @@ def _main_grad_case() -> list:
     return [pytest.param(family.test_te_contract, spec, id=f"te_contract-{spec.id}")]
 
 
+def _cover(cases: list) -> list:
+    """One case per family, recipe, FP8 format, main_grad, delayed wgrad and dtype: the test command's share (the
+    proof tier smoke); scripts/proofs.sh runs every included pr case (tests/proof_tier.py)."""
+    chosen: dict = {}
+    for c in cases:
+        s = c.values[1]
+        chosen.setdefault((s.family, s.te.recipe, s.te.fp8_format, s.te.main_grad, s.te.delay_wgrad, s.dtype), c)
+    return list(chosen.values())
+
+
 PR_CASES = _pr_cases() + _main_grad_case()
 INCLUDED = [c for c in PR_CASES if exclusion(c.values[1]) is None]
+INCLUDED = INCLUDED if PROOF_TIER != "smoke" else _cover(INCLUDED)
 
 
 @pytest.fixture(scope="module", autouse=True)
