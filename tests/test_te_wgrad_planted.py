@@ -96,8 +96,8 @@ def _cover(cases: list) -> list:
 
 
 PR_CASES = _pr_cases() + _main_grad_case()
-INCLUDED = [c for c in PR_CASES if exclusion(c.values[1]) is None]
-INCLUDED = INCLUDED if PROOF_TIER != "smoke" else _cover(INCLUDED)
+_ALL_INCLUDED = [c for c in PR_CASES if exclusion(c.values[1]) is None]
+INCLUDED = _cover(_ALL_INCLUDED) if PROOF_TIER == "smoke" else _ALL_INCLUDED
 
 
 @pytest.fixture(scope="module", autouse=True)

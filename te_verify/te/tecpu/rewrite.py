@@ -39,6 +39,7 @@ import sys
 import types
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from te_verify.te.tecpu import rewrite_cache, triton_kernels
@@ -48,7 +49,7 @@ CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 SHIM_NAME = "__tecpu__"  # the global every rewritten module gets: the helpers the rewritten code calls
 STUB_PACKAGES = ("transformer_engine.pytorch.triton", "transformer_engine.common.triton")
 # The rules' version for rewrite_cache's key: this file's own source (a rule changed here is a cache miss).
-RULES = hashlib.sha256(open(__file__, "rb").read()).hexdigest()
+RULES = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 @dataclass
