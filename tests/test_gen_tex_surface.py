@@ -2,27 +2,18 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from loading import load_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gen_tex_surface.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("gen_tex_surface", SCRIPT)  # scripts/ is no package
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_script()
+gen = load_file(SCRIPT, "gen_tex_surface", register=True)
 
 
 def surface(**files: str) -> dict:

@@ -2,7 +2,6 @@
 is covered, the cases left out run in nightly, the choice is deterministic, and the cost weighs it."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from te_verify.report.summary import selection_lines
 from te_verify.matrix.selection import choose, factors, mask_class, measured_costs, required_pairs, select_pr
 from te_verify.spec import CaseSpec
+from loading import load_file
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 
@@ -17,9 +17,7 @@ CASES = Path(__file__).resolve().parents[1] / "cases"
 def _families() -> list:
     modules = []
     for path in sorted(CASES.glob("test_*.py")):
-        spec = importlib.util.spec_from_file_location(f"cases_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_file(path, f"cases_{path.stem}")
         if hasattr(module, "SPECS") and getattr(module, "FAMILY", "") != "generated":
             modules.append(module)
     return modules

@@ -2,7 +2,6 @@
 refusing a case present twice and anything that is not a report, in one line naming the culprit."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 from pytest_many import run_many
 
 from te_verify.matrix.shard import ShardError, parse_shard, shard_of
+from loading import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = (1, 2, 3)
@@ -142,9 +142,7 @@ def test_shard_balance_sums_each_shards_case_seconds_by_case_id():
     """scripts/shard_balance.py: a row counts in the shard of its case id (the plugin's split), so the sums say how
     much work each shard of the main job holds."""
     path = ROOT / "scripts" / "shard_balance.py"
-    spec = importlib.util.spec_from_file_location("shard_balance", path)  # scripts/ is no package
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(path, "shard_balance")
     rows = [{"case_id": f"case{k}", "duration": float(k)} for k in range(10)]
     seconds, cases = module.shard_seconds(rows, 2)
     assert sum(cases.values()) == 10 and sum(seconds.values()) == 45.0

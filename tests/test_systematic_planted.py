@@ -4,7 +4,6 @@ fp64 inside) pass the same cases. The TE cases run through their own case functi
 emulation."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from te_verify.matrix.stacks import FAMILIES
 from te_verify.matrix.models import litgpt_lora_specs
 from te_verify.matrix.te import _lora, bf16_stack, fp8_specs
 from te_verify.spec import CaseSpec
+from loading import load_file
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 BF16_STACK = next(s for s in FAMILIES["dtype"]("pr")
@@ -77,10 +77,7 @@ def te_python():
 
 
 def _case_function(family: str):
-    spec = importlib.util.spec_from_file_location(f"systematic_{family}", CASES / f"test_{family}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, f"test_{family}")
+    return getattr(load_file(CASES / f"test_{family}.py", f"systematic_{family}"), f"test_{family}")
 
 
 def te_checks(spec: CaseSpec, role: str | None = None) -> dict[str, Verdict]:

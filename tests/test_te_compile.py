@@ -9,7 +9,6 @@ fails te_compile_path, and delayed scaling is reported as the fallback TE's code
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from te_verify.matrix.te import SQUARE4
 from te_verify.record import Record
 from te_verify.spec import CUSTOM_FACTORIES, RECIPES, CaseSpec, TEConfig
 from planted_te_compile import PLANTED_REASON, compiled_wgrad_for_frozen, falls_back_where_te_compiles
+from loading import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILE_PYTHON = ROOT / ".venv-compile" / "bin" / "python"
@@ -42,10 +42,7 @@ DELAYED = HP.replace(te=TEConfig(recipe="delayed"))
 
 
 def _peft_case():
-    spec = importlib.util.spec_from_file_location("te_compile_peft", ROOT / "cases" / "test_te_peft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.test_te_peft
+    return load_file(ROOT / "cases" / "test_te_peft.py", "te_compile_peft").test_te_peft
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,13 @@
 """scripts/te_own_tests.py: outcomes read from JUnit XML, split per file when several files share one process."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+from loading import load_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "te_own_tests.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("te_own_tests", SCRIPT)  # scripts/ is no package
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-runner = _load_script()
+runner = load_file(SCRIPT, "te_own_tests", register=True)
 
 # pytest's xunit2 JUnit XML of one process that ran two files (classname: the dotted module path [+ class]).
 XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">

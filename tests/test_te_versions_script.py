@@ -2,19 +2,16 @@
 covers (a gap whose version-guarded entry does not hold in a version shows there, not nowhere)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+from loading import load_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "te_versions.py"
 GAP = {"reason": "second backward raises", "link": "https://github.com/NVIDIA/TransformerEngine/issues/990"}
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("te_versions", SCRIPT)  # scripts/ is no package
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "te_versions")
 
 
 def _results(tmp_path: Path, version: str, rows: list[dict]) -> Path:

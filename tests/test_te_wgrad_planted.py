@@ -11,7 +11,6 @@ delayed wgrad beside a frozen weight (backward_dw raises: backward never complet
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -28,18 +27,12 @@ from te_verify.matrix.selection import select_pr
 from te_verify.spec import CaseSpec
 from planted_te_wgrad import wgrad_off_by
 from proof_tier import PROOF_TIER
+from loading import load_file
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 
 
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"te_wgrad_planted_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FAMILIES = [_load(path) for path in sorted(CASES.glob("test_te_*.py"))]
+FAMILIES = [load_file(path, f"te_wgrad_planted_{path.stem}") for path in sorted(CASES.glob("test_te_*.py"))]
 FP8_FAMILY = next(m for m in FAMILIES if m.FAMILY == "te_fp8")
 
 
