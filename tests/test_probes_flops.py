@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.registry import resolve_backend
 from te_verify.models.marks import mark_site
-from te_verify.probes.dispatch import LayerMap
+from te_verify.probes.layer_map import LayerMap
 from te_verify.probes.flops import GemmProbe, _by_shape
 from te_verify.run.runner import run_case
 from te_verify.spec import CaseSpec

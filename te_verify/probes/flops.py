@@ -35,7 +35,8 @@ import torch
 
 from te_verify.oracle.sites import linear_weights
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import LayerMap, Watcher
+from te_verify.probes.dispatch import Watcher
+from te_verify.probes.layer_map import LayerMap, only
 from te_verify.probes.weight_axes import contracts_in
 
 
@@ -102,7 +103,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
         readers = watcher.layers.layers_of_input_view(root, data)
         if not readers and phase != "forward":  # a slice of an input, or a cast of one (split-K's wgrad over rows)
             readers = watcher.input_layers_overlapping(t)
-        input_layers.add(dispatch.only(readers))
+        input_layers.add(only(readers))
         shared |= readers
     input_layers.discard(None)
     input_layer = input_layers.pop() if len(input_layers) == 1 else None  # two layers' inputs: cannot tell

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import LayerMap, Watcher, is_real
+from te_verify.probes.dispatch import Watcher, is_real
+from te_verify.probes.layer_map import LayerMap
 
 
 @dataclass(frozen=True)
