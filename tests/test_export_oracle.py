@@ -83,7 +83,7 @@ class _Owner(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.ones(4, 4))
-        mark_site(self.w)
+        mark_site(self, "w")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.registry import resolve_backend
 from te_verify.models.marks import mark_site
+from te_verify.oracle.sites import linear_weights
 from te_verify.probes.layer_map import LayerMap
 from te_verify.probes.flops import GemmProbe, _by_shape
 from te_verify.run.runner import run_case
@@ -133,10 +134,19 @@ class _GroupedPointwiseConv(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.b = torch.nn.Parameter(torch.randn(12, 2, generator=torch.Generator().manual_seed(0)))
-        mark_site(self.b)
+        mark_site(self, "b")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.conv1d(x.transpose(-2, -1), self.b.unsqueeze(-1), groups=2).transpose(-2, -1)
+
+
+def test_a_marked_site_outlives_its_parameter_object() -> None:
+    """FSDP2's fully_shard registers new Parameter objects under the same names: the site must stay a site, or the
+    probes' layers (the sites in module order) shift against the oracle's (LitGPT's qkv LoRA under FSDP2 once had
+    the attention output attributed to lora_B)."""
+    model = _GroupedPointwiseConv()
+    model.b = torch.nn.Parameter(model.b.detach().clone())
+    assert [site.label for site in linear_weights(model)] == ["b"]
 
 
 def probe_one_step(model: torch.nn.Module, x: torch.Tensor) -> GemmProbe:

@@ -50,7 +50,8 @@ def build(spec: CaseSpec, device: torch.device) -> torch.nn.Module:
     for name, p in model.named_parameters():
         p.requires_grad_(True)  # built trainable like every family; the case's freezing comes after
         if name.endswith((".lora_A", ".lora_B")):
-            mark_site(p)  # multiplied by hand (matmul, conv1d): a linear site without a Linear module
+            owner, attr = name.rsplit(".", 1)
+            mark_site(model.get_submodule(owner), attr)  # multiplied by hand (matmul, conv1d): a site without a Linear
     return model
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import torch
 
-SITE_MARK = "te_verify_site"  # attribute a family sets on a matrix Parameter its model multiplies by hand
+# Attribute of a module naming its matrix Parameters that are linear sites. On the module, not the Parameter: a
+# sharding wrapper (FSDP2's fully_shard) replaces a module's Parameters with new objects, which would drop a mark on
+# them, and the probes' layer numbering would then miss the site.
+SITE_MARK = "te_verify_sites"
 
 
-def mark_site(param: torch.nn.Parameter) -> None:
-    """Declare a bare matrix Parameter a linear site (LitGPT's lora_A, lora_B: `x @ A.T @ B.T`, not a Linear)."""
-    setattr(param, SITE_MARK, True)
+def mark_site(module: torch.nn.Module, name: str) -> None:
+    """Declare `module`'s Parameter `name` a linear site (LitGPT's lora_A, lora_B: `x @ A.T @ B.T`, not a Linear)."""
+    setattr(module, SITE_MARK, frozenset(getattr(module, SITE_MARK, frozenset())) | {name})

@@ -71,7 +71,7 @@ def linear_weights(model: torch.nn.Module) -> list[SiteWeight]:
         if is_linear(module):
             found.append(SiteWeight(name, module.weight, (module.out_features, module.in_features)))
         found += [SiteWeight(f"{name}.{attr}" if name else attr, p, tuple(p.shape))
-                  for attr, p in module.named_parameters(recurse=False) if getattr(p, SITE_MARK, False)]
+                  for attr, p in module.named_parameters(recurse=False) if attr in getattr(module, SITE_MARK, ())]
     return found
 
 
