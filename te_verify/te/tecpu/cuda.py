@@ -125,8 +125,14 @@ def off_emulated_device(t: Any) -> bool:
     return not on_emulated_device(t)
 
 
-def to_emulated_device(t: torch.Tensor) -> torch.Tensor:
-    """Rule R3: `t.cuda()` in TE's code; the tensor must already be on the emulated device."""
+def to_emulated_device(t: torch.Tensor | torch.nn.Module) -> torch.Tensor | torch.nn.Module:
+    """Rule R3: `t.cuda()` in TE's code; the tensor, or every parameter and buffer of the module (`Module.cuda()`,
+    as TE's tests call it on TE's modules), must already be on the emulated device."""
+    if isinstance(t, torch.nn.Module):
+        for name, tensor in [*t.named_parameters(), *t.named_buffers()]:
+            if not on_emulated_device(tensor):
+                refuse(f"Module.cuda() of a {type(t).__name__} whose {name} is on {tensor.device}")
+        return t
     if not on_emulated_device(t):
         refuse(f"Tensor.cuda() of a tensor on {t.device}")
     return t

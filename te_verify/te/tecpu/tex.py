@@ -48,6 +48,27 @@ EMULATED_SINCE: dict[str, Callable] = {
 }
 
 
+class FP8TensorMeta:
+    """tex.FP8TensorMeta (csrc/common.h, bound in extensions/pybind.cpp): three read-write tensors, undefined (None
+    in Python) until set; pybind binds no other attribute and takes only tensors."""
+
+    __slots__ = ("scale", "scale_inv", "amax_history")
+    __module__ = MODULE_NAME
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, None)
+
+    def __setattr__(self, name: str, value: torch.Tensor) -> None:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"FP8TensorMeta.{name} takes a torch.Tensor, not {type(value).__name__}")
+        object.__setattr__(self, name, value)
+
+
+# The tex classes the emulation implements (every other class of the surface raises when instantiated).
+EMULATED_CLASSES: dict[str, type] = {"FP8TensorMeta": FP8TensorMeta}
+
+
 def _kernel(fn: Callable) -> Callable:
     """A C++ kernel reads and writes memory outside autograd: run the emulation with grad mode off."""
     @functools.wraps(fn)
@@ -62,14 +83,13 @@ def _enum(name: str, members: dict[str, int]) -> type[enum.IntEnum]:
 
 
 
-
 def build(surface: Surface) -> types.ModuleType:
     """A fresh module object for `surface` (not yet in sys.modules)."""
     module = types.ModuleType(MODULE_NAME, f"te_verify.te.tecpu emulation of {MODULE_NAME} for TE {surface.te_version}")
     for name, members in surface.enums.items():
         setattr(module, name, _enum(name, members))
     for name in surface.classes:
-        setattr(module, name, unemulated_class(f"{MODULE_NAME}.{name}"))
+        setattr(module, name, EMULATED_CLASSES.get(name) or unemulated_class(f"{MODULE_NAME}.{name}"))
     emulated = {**EMULATED_SINCE, **EMULATED}
     for name in surface.functions:
         body = emulated.get(name)
@@ -79,7 +99,7 @@ def build(surface: Surface) -> types.ModuleType:
         for name in names:
             setattr(submodule, name, UnemulatedFunction(f"{MODULE_NAME}.{sub}.{name}"))
         setattr(module, sub, submodule)
-    missing = sorted(set(EMULATED) - set(surface.functions))
+    missing = sorted((set(EMULATED) - set(surface.functions)) | (set(EMULATED_CLASSES) - set(surface.classes)))
     if missing:
         raise RuntimeError(f"TE {surface.te_version}'s tex has no {', '.join(missing)}: the emulation targets "
                            f"another tex boundary")
