@@ -64,6 +64,7 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     unknown = set(opts) - OPTIONS
     if unknown:
         raise WrapperError(f"dist.options {sorted(unknown)}: megatron_ddp takes {sorted(OPTIONS)}")
+    reduce_in_fp32 = grad_reduce_in_fp32(spec)  # the policy refused here, before Megatron is loaded
     load_te()
     if run_device.active().type == "cpu":
         cpu_step()
@@ -71,7 +72,6 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     from megatron.core.transformer import TransformerConfig
 
     slots, layers, groups = param_slots(model), units_of(model, spec), process_groups()
-    reduce_in_fp32 = grad_reduce_in_fp32(spec)
     inner, call = bf16_module(te_stack(model, spec) if spec.te is not None else model, spec, groups)
     config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
     ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=bool(opts.get("overlap_grad_reduce", False)),
