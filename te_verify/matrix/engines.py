@@ -116,10 +116,34 @@ def deepspeed_policy_specs(tier: str) -> list:
                    for x in ((True,) if tier != "nightly" else (False, True))])
 
 
+# Megatron-core DDP with bf16 parameters (Float16Module) and fp32 masters (engines.megatron_bf16): (options, reduce
+# dtype), the reduce dtype giving grad_reduce_in_fp32 (fp32: fp32 main_grad, bf16: bf16 main_grad). The first three
+# are the pr tier's: accumulation over two microbatches into an fp32 main_grad, a bf16 reduction, the distributed
+# optimizer (fp32 master shards) with overlapped bucket reduction.
+MEGATRON_POLICIES = [((("microbatches", 2),), "fp32"),
+                     ((("microbatches", 1),), "bf16"),
+                     ((("overlap_grad_reduce", True), ("use_distributed_optimizer", True)), "fp32"),
+                     ((("bucket_size", 1000), ("overlap_grad_reduce", True)), "fp32"),
+                     ((("microbatches", 2), ("use_distributed_optimizer", True)), "bf16"),
+                     ((("microbatches", 2), ("overlap_grad_reduce", True)), "bf16")]
+
+
+def megatron_policy_specs(tier: str) -> list:
+    """Megatron-core DDP under a bf16 policy over fp32 parameters: smoke the first policy, pr the first three
+    (frozen middle layer, input grad), nightly every policy x mask with and without the input's gradient."""
+    check_tier(tier)
+    policies = MEGATRON_POLICIES[:1] if tier == "smoke" else MEGATRON_POLICIES[:3] if tier == "pr" \
+        else MEGATRON_POLICIES
+    masks = [MIDDLE] if tier != "nightly" else _masks(tier)
+    return dedupe([_policy(_spec("dist_megatron_bf16", "megatron_ddp", m, x, opts), reduce)
+                   for opts, reduce in policies for m in masks for x in ((True,) if tier != "nightly" else (False, True))])
+
+
 FAMILIES = {
     "dist_megatron_ddp": megatron_ddp_specs,
     "dist_te_megatron": te_megatron_specs,
     "dist_megatron_fsdp": megatron_fsdp_specs,
     "dist_deepspeed": deepspeed_specs,
     "dist_deepspeed_bf16": deepspeed_policy_specs,
+    "dist_megatron_bf16": megatron_policy_specs,
 }
