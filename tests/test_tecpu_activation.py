@@ -1,9 +1,10 @@
 """The tex activation emulation (te_verify/te/tecpu/activation.py) held to its definition, not to itself:
 - gelu (the tanh approximation, written here with the exact sqrt(2/pi) and 0.044715), relu, srelu (x^2 for x > 0),
   qgelu (x sigmoid(1.702 x)), silu, and the gated forms act(a) * g over [a | g], against fp64 references written here:
-  fp32 every element within 2^-20 of its value plus 2^-22 of the tensor's largest (fp32's tanh/exp, TE's truncated
-  constants, and the cancellation in TE's own x (0.5 + 0.5 tanh) where tanh nears -1), bf16 within half a bf16 ulp
-  (2^-8) of its value plus the same floor, against the fp64 value of the bf16 input;
+  fp32 every element within 2^-20 of its value plus 2^-20 of its operands' magnitude m = (1 + x^2) (times |g| gated,
+  times |grad| for a gradient): fp32's tanh/exp, TE's truncated constants, and the cancellation TE's own formulas
+  carry where tanh nears -1 (x (0.5 + 0.5 tanh), 1 - tanh^2); bf16 within half a bf16 ulp (2^-8) of its value plus
+  the same, against the fp64 value of the bf16 input;
 - d<act> (and the gated gradient [grad act'(a) g | grad act(a)]) against fp64 autograd of those references, same bounds;
 - dbias_d<act>: the bias gradient is the row sum of the gradient (within half a bf16 ulp plus fp32 summation's
   bound), the quantized gradient
@@ -57,12 +58,24 @@ def reference(name: str, x: torch.Tensor) -> torch.Tensor:
     return DEFINITIONS[name](x)
 
 
-def assert_elementwise(got: torch.Tensor, want: torch.Tensor, what: str, floor: torch.Tensor | None = None) -> None:
-    """Every element within its bound (module docstring); `floor`: an absolute part per element instead of 2^-22 of
-    the tensor's largest."""
+def magnitude(name: str, x: torch.Tensor, grad: torch.Tensor | None = None) -> torch.Tensor:
+    """Per output element, the operands' magnitude m of the module docstring (fp64)."""
+    x = x.double()
+    if name not in GATED:
+        m = 1 + x * x
+        return m if grad is None else m * grad.double().abs()
+    a, g = x.chunk(2, -1)
+    m = 1 + a * a
+    if grad is None:
+        return m * g.abs()
+    dy = grad.double().abs()
+    return torch.cat([dy * m * g.abs(), dy * m], -1)
+
+
+def assert_elementwise(got: torch.Tensor, want: torch.Tensor, what: str, floor: torch.Tensor) -> None:
+    """Every element within its bound (module docstring): a relative part, and `floor` per element."""
     err = (got.double() - want).abs()
     rel = 2.0 ** -8 + 1e-6 if got.dtype == torch.bfloat16 else 2.0 ** -20
-    floor = want.abs().max() * 2.0 ** -22 if floor is None else floor
     bad = int((err > want.abs() * rel + floor).sum())
     assert bad == 0, f"{what}: {bad} of {got.numel()} elements beyond the bound (max err {err.max():.3g})"
 
@@ -74,13 +87,13 @@ def test_activation_and_its_gradient_are_the_definition(te, dtype: torch.dtype, 
     y = getattr(te.tex, name)(x, None)
     want = reference(name, x.double())
     assert y.dtype == dtype and y.shape == want.shape, f"{name}: {y.dtype} {list(y.shape)}"
-    assert_elementwise(y, want, name)
+    assert_elementwise(y, want, name, 2.0 ** -20 * magnitude(name, x))
     dy = operand(dtype, want.shape[-1], seed=4)
     leaf = x.double().requires_grad_()
     (want_dx,) = torch.autograd.grad(reference(name, leaf), leaf, dy.double())
     dx = getattr(te.tex, f"d{name}")(dy, x, None)
     assert dx.dtype == dtype and dx.shape == x.shape, f"d{name}: {dx.dtype} {list(dx.shape)}"
-    assert_elementwise(dx, want_dx, f"d{name}")
+    assert_elementwise(dx, want_dx, f"d{name}", 2.0 ** -20 * magnitude(name, x, dy))
 
 
 def _bytes(t) -> list[torch.Tensor]:
