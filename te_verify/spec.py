@@ -17,9 +17,15 @@ FREEZE_TIMINGS = ("before", "after", "unfreeze_after")
 RECIPES = (None, "delayed", "current", "mxfp8", "block", "nvfp4", "nvfp4_rn", "custom")
 # TE's CustomRecipe factories (custom_recipes/quantizer_factory_zoo.py) a spec may name; te.reference models each.
 CUSTOM_FACTORIES = ("high_precision_fwd_mxfp8_bwd_factory",)
-TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp", "layernorm_linear")
+TE_MODULES = ("linear", "grouped_linear", "ops_linear", "ops_grouped_linear", "grouped_mlp", "layernorm_linear",
+              "layernorm_mlp")
 # TE module kinds whose layers normalize their input first (TE's LayerNormLinear; models.normed is their torch twin).
 NORM_MODULES = ("layernorm_linear",)
+# TE module kinds that are a layer norm, fc1, an activation and fc2 over a pair of layers (TE's LayerNormMLP;
+# models.normed's NormedLinear then ActivatedLinear is their torch twin), and the activations they take (TEConfig
+# .activation: TE's names; gelu is TE's default, the tanh approximation).
+MLP_MODULES = ("layernorm_mlp",)
+MLP_ACTIVATIONS = ("gelu", "relu", "srelu", "qgelu", "silu")
 FP8_FORMATS = ("E4M3", "HYBRID")
 # How a microbatch iteration orders its passes: each forward followed by its backward, or every forward before any
 # backward (several forwards live at once: one module called more than once per step, fairscale PR 1079's order).
@@ -118,6 +124,8 @@ class TEConfig:
     # Order of the microbatches' passes: "interleaved" (forward, backward, forward, backward) or "forwards_first"
     # (forward, forward, backward, backward); ACCUMULATIONS.
     accumulation: str = "interleaved"
+    # The activation between fc1 and fc2 of an MLP module kind (MLP_MODULES; MLP_ACTIVATIONS, TE's default "gelu").
+    activation: str = "gelu"
 
     @property
     def tag(self) -> str:
@@ -143,6 +151,8 @@ class TEConfig:
             parts.append(f"h{self.amax_history_len}")
         if self.accumulation != "interleaved":  # suffix only off the default, so existing ids stay
             parts.append("fwdfirst")
+        if self.activation != "gelu":  # suffix only off the default, so existing ids stay
+            parts.append(self.activation)
         return ".".join(parts)
 
 
@@ -397,6 +407,20 @@ def _check_accumulation(te: TEConfig) -> None:
            f"te.accumulation={te.accumulation!r} needs te.microbatches > 1 (one microbatch has one order)")
 
 
+def _check_mlp(spec: CaseSpec) -> None:
+    """An MLP module kind (MLP_MODULES) pairs layers: fc1 (hidden -> ffn) then fc2 (ffn -> hidden), so every even
+    layer's input width returns after its pair; its activation is one of MLP_ACTIVATIONS (other kinds: the default)."""
+    te = spec.te
+    _check(te.activation in MLP_ACTIVATIONS, f"te.activation={te.activation!r}: expected one of {MLP_ACTIVATIONS}")
+    if te.module not in MLP_MODULES:
+        _check(te.activation == "gelu", f"te.activation={te.activation!r}: only an MLP te.module {MLP_MODULES} takes one")
+        return
+    w = spec.widths
+    _check(len(w) % 2 == 1 and all(w[i] == w[i + 2] for i in range(0, len(w) - 2, 2)),
+           f"widths={w!r}: te.module={te.module!r} pairs layers hidden -> ffn -> hidden (even layers, widths[2j] == "
+           f"widths[2j+2])")
+
+
 # Wrappers whose microbatches the lane drives (CaseSpec.microbatches); an engine counts its own (dist option
 # microbatches).
 ACCUMULATING_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp")
@@ -559,6 +583,7 @@ def validate(spec: CaseSpec) -> None:
         _check_tied(spec)
         _check_experts(spec)
         _check_accumulation(spec.te)
+        _check_mlp(spec)
     _check_recompute(spec)
     _check_autocast(spec)
     _check_microbatches(spec)

@@ -38,17 +38,18 @@ def source_line(te, relative: str, line: int) -> str:
 
 
 def test_direct_call_of_unemulated_tex_function_names_it(te) -> None:
-    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.gelu is not emulated"):
-        te.tex.gelu(torch.zeros(4, 8), None)
+    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.situglu is not emulated"):
+        te.tex.situglu(torch.zeros(4, 8), None, 4.0, 25.0)
 
 
 def test_te_activation_forward_names_function_and_te_call_site(te) -> None:
-    """te.ops GELU reaches tex.gelu, which the emulation lacks (layernorm_fwd, the example before, is emulated)."""
+    """te.ops SiTUGLU reaches tex.situglu, which the emulation lacks (gelu and layernorm_fwd, the examples before,
+    are emulated: te/tecpu/activation.py, norm.py)."""
     with pytest.raises(tecpu.Unemulated) as info:
-        te.te.ops.GELU()(torch.randn(4, 32))
-    assert "transformer_engine_torch.gelu" in str(info.value), f"message: {info.value}"
+        te.te.ops.SiTUGLU()(torch.randn(4, 32))
+    assert "transformer_engine_torch.situglu" in str(info.value), f"message: {info.value}"
     path, line = te_call_site(info.value)
-    assert "tex.gelu" in source_line(te, path, line), f"{path}:{line} is not where TE calls tex.gelu"
+    assert "tex.situglu" in source_line(te, path, line), f"{path}:{line} is not where TE calls tex.situglu"
 
 
 def test_name_outside_the_surface_is_attribute_error(te) -> None:

@@ -4,7 +4,8 @@ autocast with the spec's recipe (outside autocast without one). The TE modules h
 Module kinds (spec.te.module), one builder each in KINDS: "linear" (te.Linear per layer), "grouped_linear"
 (te.GroupedLinear with one group per layer), "ops_linear" (te.ops.Linear), "ops_grouped_linear"
 (te.ops.GroupedLinear, one group), "grouped_mlp" (the reference's fused grouped MLP per pair of layers),
-"layernorm_linear" (te.LayerNormLinear per models.normed layer, its norm's Parameters shared too). With
+"layernorm_linear" (te.LayerNormLinear per models.normed layer, its norm's Parameters shared too),
+"layernorm_mlp" (te.LayerNormMLP per pair of models.normed layers, NormedLinear fc1 and ActivatedLinear fc2). With
 spec.te.main_grad each trainable weight gets an fp32 `main_grad` buffer, `zero_out_wgrad=True`, and
 (grad_added_to_main_grad) the Megatron flag. A model family with LoRA over TE (spec.model.te_base) keeps its
 modules and turns every adapter's base torch Linear into a TE Linear holding the same Parameter (TEFamily), so the
@@ -155,6 +156,17 @@ def _layernorm_linear(api, ls, te, dtype, name):
                            "layer_norm_bias": l.norm.bias})
 
 
+def _layernorm_mlp(api, ls, te, dtype, name):
+    """TE's LayerNormMLP with te.activation holding a NormedLinear's (fc1, its norm) and an ActivatedLinear's (fc2)
+    Parameters; TE keeps an empty tensor, no Parameter, for the biases of a stack without them."""
+    l1, l2 = ls
+    module = api.LayerNormMLP(l1.in_features, l1.out_features, eps=l1.norm.eps, bias=l1.bias is not None,
+                              activation=te.activation, **_module_kw(api.LayerNormMLP, te, dtype, name))
+    biases = {"fc1_bias": l1.bias, "fc2_bias": l2.bias} if l1.bias is not None else {}
+    return _share(module, {"fc1_weight": l1.weight, "fc2_weight": l2.weight, "layer_norm_weight": l1.norm.weight,
+                           "layer_norm_bias": l1.norm.bias, **biases})
+
+
 def _ops_class(name: str) -> Callable:
     return lambda api: getattr(api.ops, name, None) if api.ops is not None else None
 
@@ -175,6 +187,8 @@ KINDS: dict[str, Kind] = {
     "grouped_mlp": Kind(_grouped_mlp, 2, lambda m, x, f: m(x, [x.shape[0]]), "GroupedMLP", lambda api: api.GroupedMLP),
     "layernorm_linear": Kind(_layernorm_linear, 1, lambda m, x, f: m(x, **_first_microbatch(m, f)), "LayerNormLinear",
                              lambda api: getattr(api, "LayerNormLinear", None)),
+    "layernorm_mlp": Kind(_layernorm_mlp, 2, lambda m, x, f: m(x, **_first_microbatch(m, f)), "LayerNormMLP",
+                          lambda api: getattr(api, "LayerNormMLP", None)),
 }
 
 

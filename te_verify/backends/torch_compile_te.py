@@ -28,7 +28,7 @@ from torch._dynamo.utils import counters
 from te_verify.te import api as te_api
 from te_verify.backends.te_eager import (KINDS, TEEagerBackend, TEFamily, TEStack, attach_main_grad, convert,
                                         convert_family)
-from te_verify.spec import NORM_MODULES, CaseSpec, TEConfig
+from te_verify.spec import MLP_MODULES, NORM_MODULES, CaseSpec, TEConfig
 from te_verify.te.compile_path import te_disabled_reason
 
 # The backends of this module: name -> torch.compile backend each inspected graph is handed to.
@@ -176,7 +176,7 @@ class TorchCompileTEBackend(TEEagerBackend):
 
     def unsupported_reason(self, spec: CaseSpec) -> str | None:
         te = spec.te or TEConfig()
-        if te.module.startswith("ops_") or te.module in ("grouped_mlp", *NORM_MODULES):
+        if te.module.startswith("ops_") or te.module in ("grouped_mlp", *NORM_MODULES, *MLP_MODULES):
             return (f"TE ships no compiled path for {te.module} (only te.Linear): Dynamo would trace its Python "
                     f"with a graph break at every tex call; nothing of TE's compile path to certify")
         if spec.autocast:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from te_verify.matrix.te_masks import MOE_MIX, MOE_ONE, split_mask_specs
-from te_verify.matrix.te_norms import norm_specs
+from te_verify.matrix.te_norms import mlp_specs, norm_specs
 from te_verify.matrix.te_orders import order_specs
 from te_verify.matrix.te_recompute import te_recompute_specs
 from te_verify.matrix.tiers import (BF16_MOE_ROWS, BF16_MOE_WIDTHS, BF16_ROWS, BF16_STACK, all_masks, check_tier,
@@ -160,6 +160,7 @@ def peft_specs(tier: str) -> list[CaseSpec]:
                                     for b in (m, None) for x in (False, True)])
     specs += split_mask_specs(tier, "te_peft", NON_SQUARE4, [dict(recipe=r) for r in (None, "delayed")], mix=1)
     specs += norm_specs(tier, "te_peft", NON_SQUARE4)  # LayerNormLinear layers (issue 36 item 4)
+    specs += mlp_specs(tier, "te_peft")  # LayerNormMLP pairs (issue 36 item 4)
     # bf16 (issue 34): every mask and input-gradient need in high precision, a pairwise factor of the pr choice; not
     # the masks training only the first layers (0011, 0110): their first biases' allowance reaches 1.2% from the second
     # iteration on at BF16_STACK's size (grad_scale_resolution fails), so a 1% lean there would pass as noise.

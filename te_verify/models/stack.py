@@ -5,10 +5,10 @@ from typing import Iterable
 
 import torch
 
-from te_verify.models.normed import NORM_MODULES, freeze_norm, normed
+from te_verify.models.normed import NORM_MODULES, activated, freeze_norm, normed
 from te_verify.models.recompute import CheckpointedStack
 from te_verify.models.seeded import CPU, TORCH_DTYPES, CaseInputs, seeded_linear, seeded_randn
-from te_verify.spec import CaseSpec
+from te_verify.spec import MLP_MODULES, CaseSpec
 
 
 class Experts(torch.nn.Module):
@@ -45,6 +45,9 @@ def build(spec: CaseSpec, device: torch.device) -> torch.nn.Sequential:
         layers.append(group[0] if experts == 1 else Experts(group, spec.te.frozen_experts))
     if spec.te is not None and spec.te.module in NORM_MODULES:  # drawn after every linear: their draws unchanged
         layers = [normed(layer, gen) for layer in layers]
+    if spec.te is not None and spec.te.module in MLP_MODULES:  # per pair: fc1 behind a norm, fc2 behind the activation
+        layers = [normed(layer, gen) if i % 2 == 0 else activated(layer, spec.te.activation)
+                  for i, layer in enumerate(layers)]
     for i in (spec.te.tied[1:] if spec.te is not None else ()):
         layers[i].weight = layers[spec.te.tied[0]].weight  # tied: one Parameter, used by every listed layer
     if spec.recompute != "none":

@@ -24,6 +24,9 @@ The rules (DESIGN.md, "What redundant means"), with the freeze masks in force du
   grad. Saved, per layer: the norm's output iff wgrad (a new allocation on every layer, layer 0's too); the norm's
   input (unless the model input), mean and 1/sigma (fp32, one per row) iff the norm's backward is needed, which is
   iff the linear's input needs grad.
+- MLPs (spec.te.module in MLP_MODULES: TE's LayerNormMLP): each pair of layers is fc1 behind a layer norm (as above)
+  and fc2 behind an activation. fc2's input (the activation's output, a new allocation) is saved iff its wgrad, and
+  the activation's input (fc1's output) iff the activation's backward is needed, which is iff fc2's input needs grad.
 - model families (spec.model): the same rules per linear site, with "needs grad" read from the model's module
   graph (te_verify.oracle.graph); sites fed one value save it once, and the model input is never a new save.
   Required work for what is not a linear site (attention, norms, activations) is not derived: the checks
@@ -40,7 +43,7 @@ import torch
 from te_verify.oracle.copy_bytes import HIGH_PRECISION_FPROP, backward_layout, layout_storages
 from te_verify.oracle.recompute import checkpoint_inputs, recomputed_labels, recomputed_sites, working_elements
 from te_verify.oracle.sites import Site
-from te_verify.spec import NORM_MODULES, CaseSpec
+from te_verify.spec import MLP_MODULES, NORM_MODULES, CaseSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2}
 FP8_BYTES = 1  # an FP8 copy's data holds one byte per element
@@ -94,17 +97,26 @@ def sites(spec: CaseSpec) -> list[Site]:
     return out
 
 
-def has_norms(spec: CaseSpec) -> bool:
-    """Whether every layer of the stack normalizes its input first (TE's LayerNormLinear)."""
-    return spec.te is not None and spec.te.module in NORM_MODULES
+def is_mlp(spec: CaseSpec) -> bool:
+    """Whether the stack's layers pair into MLPs (TE's LayerNormMLP: fc1 behind a norm, fc2 behind an activation)."""
+    return spec.te is not None and spec.te.module in MLP_MODULES
+
+
+def norm_layers(spec: CaseSpec) -> tuple[bool, ...]:
+    """Per layer, whether it normalizes its input first: every layer of TE's LayerNormLinear, each MLP's fc1."""
+    every = spec.te is not None and spec.te.module in NORM_MODULES
+    return tuple(every or (is_mlp(spec) and i % 2 == 0) for i in range(spec.n_layers))
+
+
+def activated_layers(spec: CaseSpec) -> tuple[bool, ...]:
+    """Per layer, whether an activation runs on its input first: each MLP's fc2."""
+    return tuple(is_mlp(spec) and i % 2 == 1 for i in range(spec.n_layers))
 
 
 def trainable_norms(spec: CaseSpec) -> tuple[bool, ...]:
-    """Per layer, whether its layer norm is trainable in backward (False for every layer of a kind without norms)."""
-    if not has_norms(spec):
-        return (False,) * spec.n_layers
+    """Per layer, whether its layer norm is trainable in backward (False for a layer without one)."""
     weights, biases = trainable_masks(spec)
-    return biases if spec.has_bias else weights
+    return tuple(has and t for has, t in zip(norm_layers(spec), biases if spec.has_bias else weights))
 
 
 def trainable_masks(spec: CaseSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -237,7 +249,7 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                  for s in checkpoint_inputs(spec, sites(spec)) if s.layer > 0]
         return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
     fp8 = spec.te is not None and spec.te.recipe is not None
-    normed = has_norms(spec)  # the norm's output is every layer's new input
+    normed, activated = norm_layers(spec), activated_layers(spec)  # a norm's output is its layer's new input
     items = []
     for s in sites(spec):
         for kind, role, label in (("input", "wgrad", "input"), ("weight", "dgrad", "weight_copy")):
@@ -248,10 +260,12 @@ def required_saved(spec: CaseSpec) -> RequiredSaved:
                           for part, b in fp8_copy_storages(s, kind, spec.te.recipe)]
             elif spec.autocast:
                 items.append((s.layer, label, autocast_copy_bytes(spec, s, kind)))
-            elif kind == "input" and (s.layer > 0 or normed):
+            elif kind == "input" and (s.layer > 0 or normed[s.layer]):
                 items.append((s.layer, label, s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
-        if normed and s.input_needs_grad:
+        if normed[s.layer] and s.input_needs_grad:
             items += _norm_saved(spec, s)
+        if activated[s.layer] and s.input_needs_grad:  # the activation's input, for its backward
+            items.append((s.layer, "act_input", s.rows * s.fan_in * BYTES_PER_ELEMENT[spec.dtype]))
     return RequiredSaved(sum(b for _, _, b in items), len(items), tuple(items))
 
 
@@ -294,7 +308,7 @@ def required_peak(spec: CaseSpec) -> int:
     grads += math.prod(spec.batch_shape) * spec.widths[0] if spec.input_requires_grad else 0
     grads += sum(2 * spec.widths[i] for i, trainable in enumerate(trainable_norms(spec)) if trainable)  # scale, shift
     activation = rows * max(spec.widths)
-    in_flight = 3 if has_norms(spec) else 2  # + a norm's output
+    in_flight = 2 + any(norm_layers(spec)) + any(activated_layers(spec))  # + a norm's output, an activation's
     # A layer's backward returns its wgrad and bgrad together, so one replay temporary is weight + bias sized.
     bias = 1 if spec.has_bias else 0
     weight_temp = max(spec.widths[i] * spec.widths[i + 1] + bias * spec.widths[i + 1]

@@ -89,6 +89,7 @@ def _namespace(module: ModuleType, recipes: ModuleType | None = None) -> SimpleN
         GroupedLinear=getattr(module, "GroupedLinear", None),
         GroupedMLP=getattr(module, "GroupedMLP", None),
         LayerNormLinear=getattr(module, "LayerNormLinear", None),
+        LayerNormMLP=getattr(module, "LayerNormMLP", None),
         ops=getattr(module, "ops", None),
         autocast=_autocast_of(module),
         DelayedScaling=getattr(recipes, "DelayedScaling", None),

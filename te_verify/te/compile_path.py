@@ -30,7 +30,8 @@ NOT_OPAQUE = "a quantizer not registered as a torch.compile value-opaque type"
 OPAQUE_RECIPE_CLASSES = ("Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling")
 # The TE class each non-Linear module kind builds: TE ships no compiled path for them.
 NO_PATH = {"grouped_linear": "GroupedLinear", "ops_linear": "te.ops.Linear", "ops_grouped_linear":
-           "te.ops.GroupedLinear", "grouped_mlp": "te.ops GroupedMLP", "layernorm_linear": "LayerNormLinear"}
+           "te.ops.GroupedLinear", "grouped_mlp": "te.ops GroupedMLP", "layernorm_linear": "LayerNormLinear",
+           "layernorm_mlp": "LayerNormMLP"}
 
 
 def torch_missing_api() -> list[str]:

@@ -60,9 +60,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().float().reshape(-1, x.shape[-1])
 
 
-def _output(y32: torch.Tensor, shape: torch.Size, quantizer: Any, otype: Any) -> Any:
-    """The kernel's output as TE's Python receives it (see the module docstring)."""
-    dtype = device.torch_dtype(otype)
+def kernel_output(y32: torch.Tensor, shape: torch.Size, quantizer: Any, dtype: torch.dtype) -> Any:
+    """A kernel's fp32 values as TE's Python receives them in `dtype` (see the module docstring; the activation
+    kernels pick their path by the same rule: activation.py)."""
     y32 = y32.reshape(shape)
     if quantizer is None:
         return y32.to(dtype)
@@ -82,7 +82,7 @@ def layernorm_fwd(input: Any, weight: torch.Tensor, bias: torch.Tensor | None, e
     y = (x - mu[:, None]) * rsigma[:, None] * _gamma(weight, zero_centered_gamma)
     if bias is not None:
         y = y + bias.float()
-    return [_output(y, input.shape, quantizer, otype), mu, rsigma]
+    return [kernel_output(y, input.shape, quantizer, device.torch_dtype(otype)), mu, rsigma]
 
 
 def rmsnorm_fwd(input: Any, weight: torch.Tensor, eps: float, ln_out: Any, quantizer: Any, otype: Any,
@@ -92,7 +92,7 @@ def rmsnorm_fwd(input: Any, weight: torch.Tensor, eps: float, ln_out: Any, quant
     x = _rows(input)
     rsigma = torch.rsqrt(x.square().mean(-1) + eps)
     y = x * rsigma[:, None] * _gamma(weight, zero_centered_gamma)
-    return [_output(y, input.shape, quantizer, otype), None, rsigma]
+    return [kernel_output(y, input.shape, quantizer, device.torch_dtype(otype)), None, rsigma]
 
 
 def _backward(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor | None, rsigma: torch.Tensor, gamma: torch.Tensor,

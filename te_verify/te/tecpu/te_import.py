@@ -7,7 +7,10 @@
 3. TE's own switch NVTE_PROJECT_BUILDING (common/__init__.py) skips its ctypes loading of the CUDA libraries,
    and `common.load_framework_extension` is replaced, as soon as that module has executed, by one that
    installs the emulated `transformer_engine_torch` instead of loading the .so.
-4. `transformer_engine.pytorch` is imported; nothing else of the process is changed.
+4. `transformer_engine.pytorch` is imported with TE's own switch NVTE_TORCH_COMPILE=0 (JIT_FUSIONS): TE's jit_fuser
+   functions (LayerNormMLP's bias+GELU and its gradient) then run as TE wrote them, eagerly, instead of through
+   torch.compile, whose inductor build on CPU took 20-45 s per new shape here (measured 2026-11-29 on TE 2.20.2's
+   LayerNormMLP, 8x16 -> 32); the header says so. Nothing else of the process is changed.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ from te_verify.te.tecpu import cuda, device, rewrite, surface, tex
 MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
 # The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
 # TE accepts is TE's own check against the emulated capability.
+# TE's switch for its jit_fuser functions during the import, and the header's words for it.
+JIT_FUSIONS = ("NVTE_TORCH_COMPILE", "0")
+JIT_NOTE = "TE's jit fusions run eagerly (NVTE_TORCH_COMPILE=0)"
 QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, "
               "NVFP4BlockScaling (MXFP8 and NVFP4 need sm100; NVFP4 stochastic rounding from a seeded generator)")
 
@@ -33,7 +39,7 @@ QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8
 def describe(te_version: str, capability: str) -> str:
     """The report header's line for TE's Python over the emulation."""
     return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
-            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda; {QUANTIZERS}")
+            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda; {QUANTIZERS}; {JIT_NOTE}")
 
 
 class BootError(RuntimeError):
@@ -121,7 +127,7 @@ def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
     device.configure(capability)
     sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
     rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common})
-    with _env("NVTE_PROJECT_BUILDING", "1"):
+    with _env("NVTE_PROJECT_BUILDING", "1"), _env(*JIT_FUSIONS):
         te = importlib.import_module("transformer_engine.pytorch")
     info = BootInfo(te_version, os.path.dirname(os.path.dirname(te.__file__)), capability, tex_surface.source,
                     _LOG.by_rule(), tuple(_LOG.stubbed_modules))

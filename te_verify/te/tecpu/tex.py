@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import block_quantize, gemm, norm, quantize
+from te_verify.te.tecpu import activation, block_quantize, gemm, norm, quantize
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -45,6 +45,8 @@ EMULATED: dict[str, Callable] = {
 # Emulated where the version's tex has them (TE >= 2.16: QuantizedTensor.make_empty allocates through tex).
 EMULATED_SINCE: dict[str, Callable] = {
     "create_empty_quantized_tensor": quantize.create_empty_quantized_tensor,
+    # gelu, dgelu, dbias_dgelu, relu, ..., swiglu, dswiglu (activation.py; TE 2.8's tex has no glu).
+    **activation.functions(),
 }
 
 

@@ -1,0 +1,174 @@
+"""tex's activation functions in PyTorch: gelu, relu, srelu, qgelu, silu, their gated (GLU) forms and their
+gradients, and the fused bias-gradient forms dbias_d<act> (LayerNormMLP, te.ops activations).
+
+Semantics follow TE's C++, main of 2026-08-22 (d0067d0): the formulas of common/util/math.h, computed in fp32 as
+the kernels do (`const float cval = val`), e.g. gelu(x) = x * (0.5 + 0.5 * tanh(x * (0.79788456 + 0.03567741 x^2)))
+and dgelu(x) = 0.5 x (1 - t^2)(0.79788456 + 0.1070322243 x^2) + 0.5 (1 + t), t = tanh(0.79788456 x (1 + 0.044715
+x^2)) (TE's tanh approximation, not erf); relu/drelu, srelu = x^2 for x > 0 and dsrelu = max(2x, 0); qgelu = x
+sigmoid(1.702 x); silu = x sigmoid(x). d<act>(grad, x) = grad * act'(x). Gated forms (csrc activation_helper with
+shape_divisor 2; common/cast/fp8/gated_fp8.cuh): the input's last dim is [a | g], out = act(a) * g, and the
+gradient is [grad * act'(a) * g | grad * act(a)]. Output dtypes as activation.cpp: the input's (d<act>: the
+activation input's), dbias_d<act>: grad_output's, dbias its sum over rows: of the fp32 gradient values with a
+delayed-scaling quantizer (the fused kernel's fp32 partial sums), else of the values rounded to grad_output's dtype
+(bias.cpp's at::sum_out over its high-precision temporary).
+Quantized outputs as activation.cpp and bias.cpp pick the path: none or a per-tensor delayed-scaling quantizer
+("FULLY_FUSED": FP8 straight from the fp32 value), current scaling ("FUSED_ACTIVATION_AMAX_FP8": the value in the
+output dtype, then its amax and cast): norm.kernel_output, the normalization kernels' rule.
+Refused (Unemulated): MXFP8, FP8 block and NVFP4 quantizers given to an activation (TE's LayerNormMLP passes none
+for block scaling and quantizes after; MXFP8's fused kernel and NVFP4's amax path are not emulated), the clamped,
+SiTU, scaled and grouped activations, and what `quantize` refuses.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from te_verify.te.tecpu.norm import kernel_output
+from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.te_classes import te_class
+
+GELU_K0, GELU_K1 = 0.79788456, 0.03567741  # gelu: sqrt(2/pi) and sqrt(2/pi) * 0.044715, as math.h writes them
+DGELU_K1, DGELU_K2 = 0.044715, 0.1070322243  # dgelu: the cubic's coefficient and 3 * sqrt(2/pi) * 0.044715
+QGELU_ALPHA = 1.702
+# The quantizers whose activation path is emulated (see the module docstring); any other is refused by name.
+QUANTIZERS = ("Float8Quantizer", "Float8CurrentScalingQuantizer")
+
+
+def _f(x: float) -> torch.Tensor:
+    """A constant as the kernel holds it: an fp32 literal."""
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * (0.5 + 0.5 * torch.tanh(x * (_f(GELU_K0) + _f(GELU_K1) * x * x)))
+
+
+def _dgelu(x: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(_f(GELU_K0) * x * (1.0 + _f(DGELU_K1) * x * x))
+    return 0.5 * x * ((1.0 - t * t) * (_f(GELU_K0) + _f(DGELU_K2) * x * x)) + 0.5 * (1.0 + t)
+
+
+def _dsigmoid(x: torch.Tensor) -> torch.Tensor:
+    s = _sigmoid(x)
+    return s * (1.0 - s)
+
+
+def _qgelu(x: torch.Tensor) -> torch.Tensor:
+    return x * _sigmoid(_f(QGELU_ALPHA) * x)
+
+
+def _dqgelu(x: torch.Tensor) -> torch.Tensor:
+    ax = _f(QGELU_ALPHA) * x
+    return ax * _dsigmoid(ax) + _sigmoid(ax)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return x * _sigmoid(x)
+
+
+def _dsilu(x: torch.Tensor) -> torch.Tensor:
+    return x * _dsigmoid(x) + _sigmoid(x)
+
+
+# name -> (act, act') on fp32 values (math.h).
+FORMULAS: dict[str, tuple[Callable, Callable]] = {
+    "gelu": (_gelu, _dgelu),
+    "relu": (lambda x: torch.clamp_min(x, 0.0), lambda x: (x > 0).float()),
+    "srelu": (lambda x: torch.where(x > 0, x * x, 0.0), lambda x: torch.clamp_min(2.0 * x, 0.0)),
+    "qgelu": (_qgelu, _dqgelu),
+    "silu": (_silu, _dsilu),
+    "sigmoid": (_sigmoid, _dsigmoid),  # glu's activation
+}
+# tex's gated names -> the activation of their first half.
+GATED = {"geglu": "gelu", "reglu": "relu", "sreglu": "srelu", "qgeglu": "qgelu", "swiglu": "silu", "glu": "sigmoid"}
+
+
+def _check_quantizer(quantizer: Any) -> None:
+    if quantizer is not None and not any(isinstance(quantizer, te_class(k)) for k in QUANTIZERS):
+        refuse(f"an activation quantizing its output with {type(quantizer).__name__}")
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or isinstance(t, te_class("QuantizedTensorStorage")):
+        refuse(f"an activation of a {type(t).__name__} input")
+    return t.contiguous().float()
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise RuntimeError(f"gated activation input's last dim must be even, got {list(x.shape)}")
+    return x.chunk(2, dim=-1)
+
+
+def activation(name: str) -> Callable:
+    """tex.<name>(input, quantizer) for a plain or gated activation."""
+    gated = name in GATED
+    act = FORMULAS[GATED.get(name, name)][0]
+
+    def forward(input: torch.Tensor, quantizer: Any) -> Any:
+        _check_quantizer(quantizer)
+        x = _values(input)
+        if gated:
+            a, g = _halves(x)
+            y = act(a) * g
+        else:
+            y = act(x)
+        return kernel_output(y, y.shape, quantizer, input.dtype)
+
+    forward.__name__ = name
+    return forward
+
+
+def _grad(name: str, grad: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The fp32 gradient values of d<name>(grad, input)."""
+    gated = name in GATED
+    act, dact = FORMULAS[GATED.get(name, name)]
+    x, dy = _values(input), _values(grad)
+    if not gated:
+        if dy.shape != x.shape:
+            raise RuntimeError(f"d{name}: grad {list(dy.shape)} and input {list(x.shape)} differ")
+        return dy * dact(x)
+    a, g = _halves(x)
+    if dy.shape != a.shape:
+        raise RuntimeError(f"d{name}: grad {list(dy.shape)} is not half of input {list(x.shape)}")
+    return torch.cat([dy * dact(a) * g, dy * act(a)], dim=-1)
+
+
+def dactivation(name: str) -> Callable:
+    """tex.d<name>(grad, input, quantizer): the input's gradient, in the input's dtype."""
+    def backward(grad: torch.Tensor, input: torch.Tensor, quantizer: Any) -> Any:
+        _check_quantizer(quantizer)
+        dx = _grad(name, grad, input)
+        return kernel_output(dx, dx.shape, quantizer, input.dtype)
+
+    backward.__name__ = f"d{name}"
+    return backward
+
+
+def dbias_dactivation(name: str) -> Callable:
+    """tex.dbias_d<name>(grad_output, act_input, quantizer) -> [dbias, grad_input], both in grad_output's dtype."""
+    def backward(grad_output: torch.Tensor, act_input: torch.Tensor, quantizer: Any) -> list[Any]:
+        _check_quantizer(quantizer)
+        dx = _grad(name, grad_output, act_input)
+        fused = quantizer is not None and isinstance(quantizer, te_class("Float8Quantizer"))
+        summed = dx if fused else dx.to(grad_output.dtype).float()
+        dbias = summed.reshape(-1, dx.shape[-1]).sum(0).to(grad_output.dtype)
+        return [dbias, kernel_output(dx, dx.shape, quantizer, grad_output.dtype)]
+
+    backward.__name__ = f"dbias_d{name}"
+    return backward
+
+
+def functions() -> dict[str, Callable]:
+    """Every tex activation function emulated, by tex name."""
+    plain = [n for n in FORMULAS if n != "sigmoid"]
+    out: dict[str, Callable] = {}
+    for name in [*plain, *GATED]:
+        out[name], out[f"d{name}"] = activation(name), dactivation(name)
+    out.update({f"dbias_d{name}": dbias_dactivation(name) for name in plain})
+    return out
