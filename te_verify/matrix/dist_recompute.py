@@ -34,10 +34,12 @@ WRAPPED = [("ddp", ()), ("fsdp", (("sharding", "FULL_SHARD"),)), ("fsdp2", (("re
 # Wrappers that shard parameters (their reshard timeline is judged).
 SHARDING = ("fsdp", "fsdp2", "fairscale_fsdp", "deepspeed_zero3")
 ALTERNATING = named_masks(4)["alternating"]
+# Distinct widths: every weight shape names one layer (and the ids share no prefix with other families' expectations).
+WIDTHS = (16, 24, 40, 8, 12)
 
 
 def _case(wrapper: str, options: tuple, mask: tuple[bool, ...], x_grad: bool, mode: str) -> CaseSpec:
-    return _spec(FAMILY, wrapper, mask, x_grad, options).replace(recompute=mode)
+    return _spec(FAMILY, wrapper, mask, x_grad, options, WIDTHS).replace(recompute=mode)
 
 
 def timeline_blind(spec: CaseSpec) -> bool:
