@@ -60,6 +60,8 @@ def _verdicts(pool, wrap=None) -> dict:
     return {v.check: v for v in verify_dist(CASE.replace(recompute="nonreentrant"), pool, {}, wrap=wrap)}
 
 
+# The pool runs its ranks in other processes: system tests (scripts/system_tests.sh), not the test command's.
+@pytest.mark.system
 @pytest.mark.parametrize("wrap", [None, "ddp_hand_checkpoint"], ids=["torch_checkpoint", "hand_checkpoint"])
 def test_torch_checkpoint_and_a_hand_written_one_pass_every_check_on_every_rank(pool, wrap):
     import planted_dist_recompute
@@ -69,6 +71,7 @@ def test_torch_checkpoint_and_a_hand_written_one_pass_every_check_on_every_rank(
     assert verdicts["dist_waste_flops"].figures["gemms_by_role"]["fprop"] > 4  # the recompute's fprops in backward
 
 
+@pytest.mark.system
 def test_a_rank_side_recompute_computing_a_frozen_wgrad_fails_dist_waste_flops_naming_layer_and_rank(pool):
     from planted_dist_recompute import ddp_recompute_with_frozen_wgrad
 
