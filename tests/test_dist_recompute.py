@@ -49,7 +49,7 @@ def test_a_frozen_layer_recomputed_for_the_next_layers_wgrad_may_be_gathered_in_
 def pool():
     from te_verify.distributed.pool.pool import RankPool
 
-    pool = RankPool(world_size=2, case_timeout_s=120.0)
+    pool = RankPool(world_size=2, case_timeout_s=300.0)
     yield pool
     pool.close(graceful=True)
 
