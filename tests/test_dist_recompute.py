@@ -81,3 +81,51 @@ def test_a_rank_side_recompute_computing_a_frozen_wgrad_fails_dist_waste_flops_n
     for rank in (0, 1):
         assert f"[ddp rank {rank}, its shard (4,)]" in message
     assert "backward pass 1: layer 1 (frozen weight): 1 wgrad GEMM, 0 required" in message
+
+
+class FlatViews:
+    """The stack run as FSDP1 and fairscale run a unit: each layer's weight a 2-D view, made at every forward, of a
+    flat (1-D) Parameter of its own; each pair of layers under torch's reentrant checkpoint."""
+
+    name, lane = "flat_views", "torch"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, model, spec):
+        import torch
+
+        from te_verify.models.recompute import regions, run_block
+
+        shapes = [tuple(layer.weight.shape) for layer in model]
+        flats = [torch.nn.Parameter(layer.weight.detach().flatten().clone()) for layer in model]
+
+        def block(layers: range):
+            def run(x):
+                for k in layers:
+                    x = torch.nn.functional.linear(x, flats[k].view(shapes[k]))
+                return x
+            return run
+
+        def forward(x):
+            for layers in regions(len(shapes)):
+                x = run_block("reentrant", block(layers), x)
+            return x
+
+        return forward
+
+
+def test_gemms_on_views_of_a_flat_parameter_name_their_layer_and_a_recompute_in_backward_reads_as_fprop():
+    """Without the flat-view attribution (probes.dispatch.flat_view) every GEMM here is unattributed and the
+    recomputed fprops in backward read as dgrads by their output shape (8 dgrads, 0 backward fprops)."""
+    from collections import Counter
+
+    from te_verify.probes.flops import GemmProbe
+    from te_verify.run.runner import run_case
+    from te_verify.spec import CaseSpec
+
+    spec = CaseSpec("probe", WIDTHS, (False,) * 4, None, True, (4,), recompute="reentrant")
+    events = run_case(spec, FlatViews(), [GemmProbe()]).observations["gemm_events"]
+    assert Counter((e.pass_index, e.role) for e in events) == {(0, "fprop"): 4, (1, "fprop"): 4, (1, "dgrad"): 4,
+                                                               (1, "wgrad"): 4}
+    assert sorted(e.layer for e in events if e.role in ("fprop", "dgrad")) == sorted([0, 1, 2, 3] * 3)
