@@ -525,10 +525,30 @@ def _check_model(spec: CaseSpec) -> None:
 def _check_recompute(spec: CaseSpec) -> None:
     _check(spec.recompute in RECOMPUTE_MODES, f"recompute={spec.recompute!r}: expected one of {RECOMPUTE_MODES}")
     _check_te_recompute(spec)
-    _check(spec.recompute == "none" or spec.dist is None,
-           f"recompute={spec.recompute!r}: not built for the distributed lane (dist={spec.dist.tag if spec.dist else None})")
+    if spec.dist is not None:
+        _check_dist_recompute(spec)
     _check(spec.recompute == "none" or spec.model is None or spec.model.kind == "llama",
            f"recompute={spec.recompute!r}: only the llama family wraps its blocks (model.kind={spec.model and spec.model.kind!r})")
+
+
+# The wrappers and engines the distributed lane runs with torch's checkpoint around the model's blocks
+# (models.recompute, the same checkpointed model every rank builds).
+RECOMPUTE_WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "megatron_ddp", "deepspeed_zero1", "deepspeed_zero2",
+                      "deepspeed_zero3")
+
+
+def _check_dist_recompute(spec: CaseSpec) -> None:
+    """Recompute in the distributed lane: torch's checkpoint modes over a linear stack, under a wrapper or engine it is
+    built for (thunder's ddp/fsdp, Megatron-FSDP and users' wrappers are not yet)."""
+    if spec.recompute == "none":
+        return
+    _check(spec.dist.wrapper in RECOMPUTE_WRAPPERS, f"recompute={spec.recompute!r}: not built for "
+           f"dist.wrapper={spec.dist.wrapper!r} (built for {RECOMPUTE_WRAPPERS})")
+    _check(spec.recompute not in TE_RECOMPUTE_MODES and spec.te is None and spec.model is None,
+           f"recompute={spec.recompute!r}: the distributed lane checkpoints a linear stack of torch Linears only "
+           f"(te={spec.te and spec.te.tag}, model={spec.model and spec.model.kind!r})")
+
+
 def _check_te_recompute(spec: CaseSpec) -> None:
     """The TE lane checkpoints the stack of TE Linears (te_eager's TEStack), not a model family or another module kind;
     TE's checkpoint modes are the TE lane's."""

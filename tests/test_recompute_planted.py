@@ -30,8 +30,8 @@ def test_the_recompute_spec_field_is_validated_and_named_only_off_its_default():
         FROZEN_INSIDE.replace(recompute="sometimes")
     with pytest.raises(SpecError, match="recompute='reentrant': the TE lane checkpoints a stack of te.Linear only"):
         FROZEN_INSIDE.replace(recompute="reentrant", te=TEConfig(module="grouped_linear"))
-    with pytest.raises(SpecError, match="recompute='reentrant': not built for the distributed lane"):
-        FROZEN_INSIDE.replace(recompute="reentrant", dist=DistConfig("ddp"))
+    with pytest.raises(SpecError, match="recompute='reentrant': not built for dist.wrapper='thunder_ddp'"):
+        FROZEN_INSIDE.replace(recompute="reentrant", dist=DistConfig("thunder_ddp"))
 
 
 def test_the_oracle_adds_each_block_fprop_once_per_pass_and_keeps_block_inputs():

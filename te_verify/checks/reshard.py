@@ -25,10 +25,12 @@ class LayerInfo:
     trainable: bool
     # Does its input need a gradient (dgrad needed)?
     input_needs_grad: bool
+    # Does backward run its forward again (activation recompute: a checkpointed block whose backward runs)?
+    recomputed: bool = False
 
     @property
     def needed_in_backward(self) -> bool:
-        return self.trainable or self.input_needs_grad
+        return self.trainable or self.input_needs_grad or self.recomputed
 
 
 def _first(events: list[Event], name: str, boundary: int) -> int | None:

@@ -37,11 +37,13 @@ from te_verify.distributed.pool.pool import PoolResult, backend_for
 from te_verify.distributed.verify import dist_verdicts, rank_peaks
 from te_verify.matrix.dist import FAMILIES as WRAPPER_FAMILIES
 from te_verify.matrix.engines import FAMILIES as ENGINE_FAMILIES
+from te_verify.matrix.dist_recompute import dist_recompute_specs
 from te_verify.report.stream import RowStream
 
 ROOT = Path(__file__).resolve().parents[2]
 # The wrappers' families, then the training engines' (a user's --wrap runs the wrappers' families only).
-FAMILIES = {**WRAPPER_FAMILIES, **ENGINE_FAMILIES}
+# dist_recompute runs wrappers and engines alike (matrix.dist_recompute); a user's --wrap does not run it.
+FAMILIES = {**WRAPPER_FAMILIES, **ENGINE_FAMILIES, "dist_recompute": dist_recompute_specs}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -33,7 +33,9 @@ from te_verify.training import StateBytes
 from te_verify.distributed.pool.pool import PoolResult, RankPool
 from te_verify.distributed.types import units_of
 from te_verify.models import CPU, build_model, frozen_at_backward, masks_at
-from te_verify.oracle.required import BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad, required_flops, trainable_masks
+from te_verify.oracle.recompute import recomputed_sites
+from te_verify.oracle.required import (BYTES_PER_ELEMENT, backward_gemms, forward_gemms, graph_exists, input_needs_grad,
+                                      required_flops, sites, trainable_masks)
 from te_verify.probes import default_probes
 from te_verify.record import INPUT_GRAD, Record
 from te_verify.run.runner import run_case, run_fp64_eager
@@ -95,7 +97,8 @@ def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
         return infos
     weights, biases = trainable_masks(spec)
     layer_bytes = [sum(p.nbytes for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
-    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs)
+    recomputed = {s.layer for s in recomputed_sites(spec, sites(spec))}  # their forward runs in backward again
+    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs, k in recomputed)
             for k, needs in enumerate(input_needs_grad(spec))]
 
 
