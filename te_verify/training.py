@@ -210,7 +210,7 @@ def eager_trajectory(model: torch.nn.Module, x: torch.Tensor, cotangent: torch.T
         if before(k):
             opt = follow_trainable(opt, model)
         with torch.autocast(x.device.type, dtype=autocast, enabled=autocast is not None):
-            out = model(x.detach())
+            out = model(x.detach().requires_grad_(x.requires_grad))  # a reentrant checkpoint needs an input that does
         out.backward(cotangent)
         optimizer_step(opt)
         after.append({name: p.detach().clone() for name, p in model.named_parameters()})

@@ -40,6 +40,8 @@ def eager_trajectory(spec: CaseSpec, dtype: torch.dtype | None = None, start: to
     if dtype is not None:  # token ids (LitGPT, transformers) stay integers: an embedding takes no float64 index
         model, cotangent = model.to(dtype), cotangent.to(dtype)
         x = x.to(dtype) if x.is_floating_point() else x
+    if x.is_floating_point():  # as the ranks' batch: a reentrant checkpoint records no graph unless an input needs grad
+        x = x.detach().requires_grad_(spec.input_requires_grad)
     return training.eager_trajectory(model, x, cotangent, spec.iterations, lambda k: apply_schedule(model, spec, k),
                                      autocast)
 
