@@ -27,12 +27,10 @@ from te_verify.spec import REENTRANT_MODES, CaseSpec
 
 FAMILY = "dist_recompute"
 # Each wrapper or engine with the options its other families run it with (spec.RECOMPUTE_WRAPPERS, in order).
-WRAPPED = [("ddp", ()), ("fsdp", (("sharding", "FULL_SHARD"),)), ("fsdp2", (("reshard_after_forward", True),)),
-           ("fairscale_fsdp", (("flatten_parameters", True), ("reshard_after_forward", True))),
-           ("megatron_ddp", ()), ("deepspeed_zero1", ()), ("deepspeed_zero2", ()),
+WRAPPED = [("ddp", ()), ("fsdp2", (("reshard_after_forward", True),)), ("megatron_ddp", ()), ("deepspeed_zero1", ()), ("deepspeed_zero2", ()),
            ("deepspeed_zero3", (("persistence_threshold", 0),))]
 # Wrappers that shard parameters (their reshard timeline is judged).
-SHARDING = ("fsdp", "fsdp2", "fairscale_fsdp", "deepspeed_zero3")
+SHARDING = ("fsdp2", "deepspeed_zero3")
 ALTERNATING = named_masks(4)["alternating"]
 # Distinct widths: every weight shape names one layer (and the ids share no prefix with other families' expectations).
 WIDTHS = (16, 24, 40, 8, 12)

@@ -91,18 +91,6 @@ def is_real(t: torch.Tensor) -> bool:
     return not t.is_meta and not isinstance(t, FakeTensor)
 
 
-def flat_view(t: torch.Tensor, param: torch.nn.Parameter) -> bool:
-    """Whether GEMM operand `t` is a 2-D row-major view (or its transpose) into a flat (1-D) Parameter: FSDP1 with
-    use_orig_params and fairscale's flatten_parameters run a unit's forward and backward on plain views of their flat
-    parameter, so its weight's only trace is the view's base."""
-    return param.dim() == 1 and t.dim() == 2 and 1 in t.stride()
-
-
-def stored_shape(t: torch.Tensor) -> tuple[int, int]:
-    """The (out, in) shape of the row-major weight a 2-D view reads: itself, or its transpose (F.linear's W.t())."""
-    return tuple(t.shape) if t.stride(-1) == 1 else (t.shape[1], t.shape[0])
-
-
 def param_of(t: torch.Tensor) -> torch.nn.Parameter | None:
     if isinstance(t, torch.nn.Parameter):
         return t
@@ -375,17 +363,16 @@ class Watcher(TorchDispatchMode):
             layer = self.layers.layer_of_param(param)
         return layer
 
-    def _adopt(self, weight: torch.nn.Parameter, shape: tuple[int, int] | None = None) -> int | None:
+    def _adopt(self, weight: torch.nn.Parameter) -> int | None:
         """The layer of a forward GEMM's Parameter operand not seen before. Bound: a wrapper's unsharded copy of
         a bound weight, i.e. the first bound layer of that shape yet to run forward (layers run in order); None if
-        there is none. Unbound: the next layer. `shape`: the weight's (out, in) where the operand is a view of a flat
-        Parameter (FSDP1's and fairscale's one unit per layer: its flat parameter stands for the layer's weight)."""
-        key, shape = self.key(weight), shape or tuple(weight.shape)
+        there is none. Unbound: the next layer."""
+        key = self.key(weight)
         if not self._bound:
-            layer = self.layers.add_layer(key, shape, None)
+            layer = self.layers.add_layer(key, tuple(weight.shape), None)
         else:
-            layer = next((i for i, known in enumerate(self.layers.weight_shapes)
-                          if known == shape and self.layers.input_shapes[i] is None), None)
+            layer = next((i for i, shape in enumerate(self.layers.weight_shapes)
+                          if shape == tuple(weight.shape) and self.layers.input_shapes[i] is None), None)
             if layer is None:
                 return None
         self.layers.alias_weight(layer, key, weight)
@@ -398,12 +385,11 @@ class Watcher(TorchDispatchMode):
         if len(bound) == 1:  # one operand is a known weight
             slot, layer = bound[0]
         else:
-            params = [(i, p) for i, p in enumerate(param_of(a) for a in tensors)
-                      if p is not None and (p.dim() == 2 or flat_view(tensors[i], p))]
+            params = [(i, p) for i, p in enumerate(param_of(a) for a in tensors) if p is not None and p.dim() == 2]
             if len(params) != 1:
                 return
             slot, weight = params[0]
-            layer = self._adopt(weight, stored_shape(tensors[slot]) if weight.dim() == 1 else None)
+            layer = self._adopt(weight)
             if layer is None:
                 return
         other = tensors[1 - slot]
