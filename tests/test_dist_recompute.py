@@ -32,7 +32,9 @@ def test_the_family_draws_three_pr_cases_and_every_built_wrapper_in_nightly():
     assert {s.recompute for s in nightly} == {"nonreentrant", "reentrant"}
     assert not any(timeline_blind(s) for s in nightly)
     assert timeline_blind(CASE.replace(dist=DistConfig("fsdp2")))  # frozen layer 1 inside block (0, 1)
-    assert not timeline_blind(_spec(FAMILY, "fsdp2", ALTERNATING, True, widths=WIDTHS).replace(recompute="reentrant"))
+    alternating = _spec(FAMILY, "fsdp2", ALTERNATING, True, widths=WIDTHS).replace(recompute="reentrant")
+    assert timeline_blind(alternating)  # frozen layer 2 at block (2, 3)'s input, its dgrad needed (ZeRO-3 measured)
+    assert not timeline_blind(alternating.replace(dist=DistConfig("ddp")))  # no sharding: no timeline judged
 
 
 def test_a_frozen_layer_recomputed_for_the_next_layers_wgrad_may_be_gathered_in_backward():
