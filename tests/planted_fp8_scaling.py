@@ -7,23 +7,17 @@ manager patching the booted TE for one run.
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import torch
 
-from planting import patched
+from planting import loaded_tex, patched
 
 from te_verify.te import api as te_api
 
 
-def _tex():
-    te_api.active().api  # boots TE's Python over the emulation
-    return sys.modules["transformer_engine_torch"]
-
-
 def history_never_updated() -> contextlib.AbstractContextManager:
     """The update kernel does nothing: the amax history never rolls and every scale stays 1."""
-    return patched(_tex(), "fused_amax_and_scale_update_after_reduction", lambda original: lambda *args: None)
+    return patched(loaded_tex(), "fused_amax_and_scale_update_after_reduction", lambda original: lambda *args: None)
 
 
 def scale_times(factor: float) -> contextlib.AbstractContextManager:
@@ -34,7 +28,7 @@ def scale_times(factor: float) -> contextlib.AbstractContextManager:
             for scale in scales:
                 scale.mul_(factor)
         return update
-    return patched(_tex(), "fused_amax_and_scale_update_after_reduction", wrap)
+    return patched(loaded_tex(), "fused_amax_and_scale_update_after_reduction", wrap)
 
 
 def stale_weight_copy() -> contextlib.AbstractContextManager:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator
+
+from te_verify.te import api as te_api
 
 
 @contextlib.contextmanager
@@ -14,3 +17,10 @@ def patched(owner: object, name: str, replacement: Callable) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
+
+
+def loaded_tex() -> object:
+    """The tex module TE's Python calls, booted over the active --te-impl, so a test run alone patches the module
+    TE reads at each call."""
+    te_api.active().api
+    return sys.modules["transformer_engine_torch"]

@@ -5,7 +5,6 @@ eager layer_norm, fc1, the activation, fc2, judged by the family's checks, with 
 - an srelu whose output is a view into a buffer twice its size (an extra activation copy kept for fc2's wgrad) fails
   te_saved_bytes with the surplus bytes; the emulation as shipped keeps exactly the oracle's bytes and GEMMs.
 """
-import sys
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te import api as te_api, tecpu
-from planting import patched
+from te_verify.te import api as te_api
+from planting import loaded_tex, patched
 
 # One LayerNormMLP (hidden 32, ffn 64), everything trained, the input without grad; srelu reaches tex.srelu/dsrelu.
 SPEC = CaseSpec("te_peft", (32, 64, 32), (False, False), (False, False), False, (16,),
@@ -36,14 +35,6 @@ def te_python():
 @pytest.fixture(scope="module")
 def eager():
     return run_mean_reduced(SPEC, EagerBackend())
-
-
-def _tex():
-    """The loaded tex (booted here, so a test run alone patches the module TE's LayerNormMLP reads at each call)."""
-    tecpu.boot()
-    import transformer_engine.pytorch  # noqa: F401
-
-    return sys.modules["transformer_engine_torch"]
 
 
 def _run():
@@ -76,14 +67,14 @@ def test_layernorm_mlp_runs_the_oracles_gemms_and_saves_its_bytes(eager):
 
 
 def test_wrong_dsrelu_fails_grad_parity_naming_fc1(eager):
-    with patched(_tex(), "dsrelu", _dsrelu_off):
+    with patched(loaded_tex(), "dsrelu", _dsrelu_off):
         got = _run()
     verdict = grad_parity(SPEC.id, "te_eager", eager, got, tolerance_for(SPEC))
     assert not verdict.ok and "0.weight" in verdict.message, verdict.message
 
 
 def test_dsrelu_written_differently_passes(eager):
-    with patched(_tex(), "dsrelu", _fp64_dsrelu):
+    with patched(loaded_tex(), "dsrelu", _fp64_dsrelu):
         got = _run()
     verdict = grad_parity(SPEC.id, "te_eager", eager, got, tolerance_for(SPEC))
     assert verdict.ok, verdict.message
@@ -99,7 +90,7 @@ def _padded_srelu(original):
 
 
 def test_an_extra_activation_copy_kept_for_backward_fails_saved_bytes():
-    with patched(_tex(), "srelu", _padded_srelu):
+    with patched(loaded_tex(), "srelu", _padded_srelu):
         got = _run()
     verdict = saved_bytes(SPEC.id, "te_eager", SPEC, got)
     need = required_saved(SPEC).nbytes

@@ -19,8 +19,8 @@ from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te import api as te_api, tecpu
-from planting import patched
+from te_verify.te import api as te_api
+from planting import loaded_tex, patched
 
 # Everything trained, the input without grad: layer 0's trained norm needs its dgrad GEMM and norm backward.
 SPEC = CaseSpec("te_peft", (32, 64, 32), (False, False), (False, False), False, (16,),
@@ -36,14 +36,6 @@ def te_python():
 @pytest.fixture(scope="module")
 def eager():
     return run_mean_reduced(SPEC, EagerBackend())
-
-
-def _tex():
-    """The loaded tex (booted here, so a test run alone patches the module TE calls)."""
-    tecpu.boot()
-    import transformer_engine.pytorch  # noqa: F401  (its cpp_extensions bind tex's names)
-
-    return sys.modules["transformer_engine_torch"]
 
 
 def _run():
@@ -80,14 +72,14 @@ def test_layernorm_linear_runs_the_oracles_gemms_and_saves_its_bytes(eager):
 
 
 def test_wrong_dgamma_fails_grad_parity_naming_the_norm_scale(eager):
-    with patched(_tex(), "layernorm_bwd", _dgamma_off):
+    with patched(loaded_tex(), "layernorm_bwd", _dgamma_off):
         got = _run()
     verdict = grad_parity(SPEC.id, "te_eager", eager, got, tolerance_for(SPEC))
     assert not verdict.ok and "norm.weight" in verdict.message, verdict.message
 
 
 def test_layernorm_bwd_written_differently_passes(eager):
-    with patched(_tex(), "layernorm_bwd", _fp64_bwd):
+    with patched(loaded_tex(), "layernorm_bwd", _fp64_bwd):
         got = _run()
     verdict = grad_parity(SPEC.id, "te_eager", eager, got, tolerance_for(SPEC))
     assert verdict.ok, verdict.message
@@ -104,7 +96,7 @@ def _padded_rsigma(original):
 
 def test_an_extra_copy_kept_for_backward_fails_saved_bytes():
     # TE's module/_common.py calls layernorm_fwd through cpp_extensions, which bound tex's names at import.
-    _tex()
+    loaded_tex()
     with patched(sys.modules["transformer_engine.pytorch.cpp_extensions"], "layernorm_fwd", _padded_rsigma):
         got = _run()
     verdict = saved_bytes(SPEC.id, "te_eager", SPEC, got)

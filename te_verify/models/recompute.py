@@ -54,14 +54,6 @@ class CheckpointedStack(torch.nn.Sequential):
         return x
 
 
-def restacked(model: torch.nn.Module, layers: list[torch.nn.Module]) -> torch.nn.Sequential:
-    """A stack of `layers` (a wrapper's per-layer units) run as `model` runs its own: under the same checkpoint where
-    `model` is a CheckpointedStack, so a wrapper that rebuilds the stack around its units keeps the user's recompute."""
-    if isinstance(model, CheckpointedStack):
-        return CheckpointedStack(layers, model.recompute)
-    return torch.nn.Sequential(*layers)
-
-
 def chain(layers: list[torch.nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
     """One block's layers applied in order."""
     def block(x: torch.Tensor) -> torch.Tensor:

@@ -134,7 +134,8 @@ def read_params(ddp, slots, distributed: bool, masters: MasterStep | None) -> di
     if distributed:
         full = gathered(ddp, masters.masters)
         return param_tensors(slots, master_value(lambda p: full.get(id(p)), value_of))
-    return param_tensors(slots, master_value(lambda p: masters.master_of().get(id(p)), value_of))
+    by_id = masters.master_of()
+    return param_tensors(slots, master_value(lambda p: by_id.get(id(p)), value_of))
 
 
 def bucket_shards(ddp) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -22,7 +22,6 @@ from torch import nn
 from te_verify import device as run_device
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.types import Wrapped, WrapperError, options
-from te_verify.models.recompute import restacked
 from te_verify.spec import CaseSpec
 
 STEP = ("fairscale-cpu-streams: fairscale 0.4.13 FSDP uses CUDA streams unconditionally; inside distributed "
@@ -80,7 +79,7 @@ def wrap_fairscale_fsdp(model: nn.Sequential, spec: CaseSpec, opts: dict):
     kwargs = dict(opts, compute_device=device)
     layers = list(model)
     units = [FSDP(layer, **kwargs) for layer in layers]
-    root = FSDP(restacked(model, units), **kwargs)  # the model's checkpointed blocks, if any, around the units
+    root = FSDP(nn.Sequential(*units), **kwargs)
 
     def full_tensors(of) -> dict:
         out: dict = {}
