@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from planted_te_gemms import patched
-from test_systematic_planted import failing, te_checks, te_python  # noqa: F401 (te_python: a fixture)
+from test_systematic_planted import failing, te_checks
 
 from te_verify.checks.systematic import resolution
 from te_verify.checks.verdict import Verdict
@@ -39,7 +39,7 @@ def test_the_bf16_cases_are_sized_to_resolve_a_one_percent_lean():
 
 
 @pytest.mark.parametrize("spec", [PEFT, DELAYED], ids=["te_peft", "te_delayed"])
-def test_te_and_another_accumulation_order_resolve_and_pass(te_python, spec):  # noqa: F811
+def test_te_and_another_accumulation_order_resolve_and_pass(te_python, spec):
     for build in ("te", "split_k"):
         with patched(build):
             checks = te_checks(spec)
@@ -49,7 +49,7 @@ def test_te_and_another_accumulation_order_resolve_and_pass(te_python, spec):  #
 
 
 @pytest.mark.parametrize("spec", [PEFT, DELAYED], ids=["te_peft", "te_delayed"])
-def test_a_bf16_dgrad_one_percent_large_fails_grad_scale_naming_what_it_leans(te_python, spec):  # noqa: F811
+def test_a_bf16_dgrad_one_percent_large_fails_grad_scale_naming_what_it_leans(te_python, spec):
     checks = te_checks(spec, "dgrad")
     message = checks["grad_scale"].message
     for name in LEANED[spec]:
@@ -58,7 +58,7 @@ def test_a_bf16_dgrad_one_percent_large_fails_grad_scale_naming_what_it_leans(te
     assert "grad_scale" in failing(checks) and set(failing(checks)) <= {"grad_scale"} | ALSO, failing(checks)
 
 
-def test_a_bf16_case_too_small_to_resolve_one_percent_fails_resolution_naming_its_biases(te_python):  # noqa: F811
+def test_a_bf16_case_too_small_to_resolve_one_percent_fails_resolution_naming_its_biases(te_python):
     checks = te_checks(UNDERSIZED)
     assert failing(checks) == ["grad_scale_resolution"], failing(checks)
     message = checks["grad_scale_resolution"].message

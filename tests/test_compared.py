@@ -3,7 +3,6 @@ nothing where the case has something to compare fails saying so (never a pass)."
 import pytest
 import torch
 
-from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.run.caserun import CaseRun
@@ -30,12 +29,6 @@ def _verdicts(run):
         return run()
     except CheckFailures as failure:
         return failure.verdicts
-
-
-@pytest.fixture(scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
 
 
 @pytest.mark.parametrize("spec", [STACK, FAMILY], ids=["stack", "family"])

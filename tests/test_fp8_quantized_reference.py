@@ -4,7 +4,6 @@ Linear lands within accumulation noise of it, where fp32 eager is a quantization
 TE's bias epilogue (an fp32 bias rounded to bf16 for an FP8 GEMM), and the bound sees the reference without it."""
 import pytest
 
-from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.fp8_tolerance import fp8_bound
@@ -23,10 +22,7 @@ def stack(recipe: str, fp8_format: str) -> CaseSpec:
                     te=TEConfig(recipe=recipe, fp8_format=fp8_format))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 @pytest.mark.parametrize("recipe, fp8_format", RECIPES)

@@ -15,16 +15,12 @@ from te_verify.checks.te_waste import te_waste
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced, run_microbatches
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te import api as te_api
 
 ALT = (True, False, True, False)
 SPEC = CaseSpec("te_peft", (32, 64, 128, 64, 32), ALT, ALT, True, (16,), te=TEConfig(recipe=None))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _waste(mode: str) -> dict:

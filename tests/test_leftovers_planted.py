@@ -43,12 +43,6 @@ def te_lane(backend, spec: CaseSpec = TE_SPEC) -> dict[str, str]:
     return failures(verify_te_stack, CaseRun(spec, backend.name, backend))
 
 
-@pytest.fixture
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
-
-
 def test_output_in_another_dtype_fails_output_meta_only():
     failed = torch_lane(OutputInOtherDtype())
     assert set(failed) == {"output_meta"}, failed  # the values, compared in fp64, are eager's

@@ -33,10 +33,7 @@ BF16 = CaseSpec("te_peft", (32, 64, 128, 64, 32), (False,) * 4, ALT, True, (4, 1
 LORA = _lora("qv", True, "fp32")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _run(spec: CaseSpec, mode: str):

@@ -11,7 +11,6 @@ from planted_accumulation import Fp64Inside, OtherAccumulation
 from planted_backends import LeansOnePercent, OffByOnePercent
 from planted_te_wgrad import gradient_gemm_off_by
 
-from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
@@ -68,12 +67,6 @@ def test_a_one_percent_lean_in_a_bf16_model_family_passes_grad_parity_and_fails_
     checks = checks_of(CaseRun.verify, CaseRun(BF16_FAMILY, "planted_leans_1pct", LeansOnePercent()))
     assert failing(checks) == ["grad_scale"], failing(checks)
     assert "grad of lm_head.linear.weight leans 1.00" in checks["grad_scale"].message, checks["grad_scale"].message
-
-
-@pytest.fixture(scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
 
 
 def _case_function(family: str):

@@ -16,10 +16,7 @@ from te_verify.te import api as te_api
 FIRST_TRAINED_NO_DGRAD, EVERY_COPY_FEEDS_DGRAD = te_autocast_specs("pr")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _verdicts(spec):

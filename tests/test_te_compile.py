@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from te_verify.te import api as te_api, compile_path
+from te_verify.te import compile_path
 from te_verify.backends.torch_compile_te import CompileLog, TorchCompileTEBackend, short_break
 from te_verify.run.caserun import CaseRun
 from te_verify.checks.te_compile import te_compile_verdicts
@@ -43,12 +43,6 @@ DELAYED = HP.replace(te=TEConfig(recipe="delayed"))
 
 def _peft_case():
     return load_file(ROOT / "cases" / "test_te_peft.py", "te_compile_peft").test_te_peft
-
-
-@pytest.fixture(scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
 
 
 def run_case(spec: CaseSpec) -> CaseRun:

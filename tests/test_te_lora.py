@@ -5,7 +5,6 @@ quantizing linears beyond the TE sites (as thunder's TE executor does) is judged
 reference with those quantized too: clean it passes, with a wrong scale on a claimed linear it fails naming it."""
 import pytest
 
-from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.run.caserun import CaseRun
@@ -23,10 +22,7 @@ DELAYED = _lora("qv", True, "fp32", "delayed")
 CLAIMS = ("blocks.0.attn.k", "blocks.0.mlp.fc_1")  # plain torch Linears of the model, no TE sites
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _verdicts(backend):

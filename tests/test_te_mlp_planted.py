@@ -18,7 +18,6 @@ from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.spec import CaseSpec, TEConfig
-from te_verify.te import api as te_api
 from planting import loaded_tex, patched
 
 # One LayerNormMLP (hidden 32, ffn 64), everything trained, the input without grad; srelu reaches tex.srelu/dsrelu.
@@ -26,10 +25,7 @@ SPEC = CaseSpec("te_peft", (32, 64, 32), (False, False), (False, False), False, 
                 te=TEConfig(module="layernorm_mlp", activation="srelu"), iterations=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

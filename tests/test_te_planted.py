@@ -3,7 +3,6 @@ message naming the layer, a planted fix passes the same checks, and the referenc
 caught. Each known gap shown here is also a recorded expectation (expectations/*.toml)."""
 import pytest
 
-from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.backends.thunder_te import ThunderTEBackend
@@ -25,10 +24,7 @@ REPLAY = CaseSpec("te_replay", (32, 64, 32), (False, False), (False, False), Tru
                   te=TEConfig(recipe="delayed"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _run(spec, backend):

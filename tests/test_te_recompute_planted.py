@@ -19,7 +19,6 @@ from te_verify.run.microbatch import run_mean_reduced
 from te_verify.checks.fp8_scaling import fp8_scaling
 from te_verify.run.te_case import te_probes, verify_te_stack
 from te_verify.spec import CaseSpec, SpecError, TEConfig
-from te_verify.te import api as te_api
 
 # Two blocks, (0, 1) and (2, 3), each with a frozen weight inside (layers 1 and 3) behind a trainable one; high
 # precision, distinct widths (TE's high-precision GEMMs take any).
@@ -31,12 +30,6 @@ FP8_INSIDE = CaseSpec("te_fp8", (32, 64, 128, 64, 32), (False, True, False, True
 
 # expectations/te_eager.toml: the recompute's autocast entry sets it and nothing clears it before the next forward.
 GAP = "TE first FP8 module True (was False)"
-
-
-@pytest.fixture(scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
 
 
 def test_te_checkpoint_modes_are_validated_and_named_only_off_the_default():

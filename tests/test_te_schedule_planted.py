@@ -18,7 +18,6 @@ from te_verify.run.caserun import CaseRun
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.run.te_case import verify_te_stack
 from te_verify.spec import CaseSpec, SpecError, TEConfig
-from te_verify.te import api as te_api
 
 WIDTHS = (16, 32, 16)
 UNFREEZE = CaseSpec("te_schedule", WIDTHS, (True, False), (True, False), False, (16,), te=TEConfig(recipe="current"),
@@ -30,10 +29,7 @@ FREEZE = CaseSpec("te_schedule", WIDTHS, (False, False), (False, False), False, 
 FP8_COPY_GAP = {"fp8_copies": "saved weight FP8 copy", "te_saved_bytes": "saved-for-backward"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def _verdicts(spec: CaseSpec, backend) -> dict:

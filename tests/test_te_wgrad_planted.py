@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from te_verify.te import api as te_api
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.run.caserun import CaseRun
 from te_verify.checks.verdict import CheckFailures, Verdict
@@ -93,10 +92,7 @@ _ALL_INCLUDED = [c for c in PR_CASES if exclusion(c.values[1]) is None]
 INCLUDED = _cover(_ALL_INCLUDED) if PROOF_TIER == "smoke" else _ALL_INCLUDED
 
 
-@pytest.fixture(scope="module", autouse=True)
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 def verdicts_of(case_function, spec: CaseSpec) -> list[Verdict]:

@@ -4,7 +4,6 @@ is caught naming the iteration and the element (parameter or quantizer); each cl
 import pytest
 
 from planted_fp8_scaling import WrongFromThirdCall, history_never_updated, scale_times, stale_weight_copy
-from te_verify.te import api as te_api
 from te_verify.backends.eager import EagerBackend
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.run.caserun import CaseRun
@@ -23,10 +22,7 @@ MICROBATCHES = CaseSpec("te_delayed", (16, 32, 64, 32, 16), (False, True, False,
                         True, (16,), te=TEConfig("delayed", "linear", microbatches=2))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def te_python():
-    with te_api.using(te_api.resolve(te_api.CPU_CHOICE)) as impl:
-        yield impl
+pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
 
 
 # The TE stacks' recorded gaps (TE PR 1770's FP8 weight copy kept for backward): not what these tests are about.
