@@ -535,8 +535,7 @@ def _check_recompute(spec: CaseSpec) -> None:
 # (models.recompute, the same checkpointed model every rank builds). Not FSDP1 and fairscale: they compute on views
 # of a flat parameter, whose GEMMs the probes cannot name by layer, so a recomputed fprop in backward reads as a dgrad
 # (an attribution through those views changed FSDP1's other cases' saved verdicts: not landed, docs/training.md).
-# Not ZeRO-1/2 either: under a checkpoint their ranks' GEMMs land on the wrong layers (the total FLOPs exact).
-RECOMPUTE_WRAPPERS = ("ddp", "fsdp2", "megatron_ddp", "deepspeed_zero3")
+RECOMPUTE_WRAPPERS = ("ddp", "fsdp2", "megatron_ddp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")
 
 
 def _check_dist_recompute(spec: CaseSpec) -> None:

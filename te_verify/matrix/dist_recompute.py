@@ -27,8 +27,8 @@ from te_verify.spec import REENTRANT_MODES, CaseSpec
 
 FAMILY = "dist_recompute"
 # Each wrapper or engine with the options its other families run it with (spec.RECOMPUTE_WRAPPERS, in order).
-WRAPPED = [("ddp", ()), ("fsdp2", (("reshard_after_forward", True),)), ("megatron_ddp", ()),
-           ("deepspeed_zero3", (("persistence_threshold", 0),))]
+WRAPPED = [("ddp", ()), ("fsdp2", (("reshard_after_forward", True),)), ("megatron_ddp", ()), ("deepspeed_zero1", ()),
+           ("deepspeed_zero2", ()), ("deepspeed_zero3", (("persistence_threshold", 0),))]
 # Wrappers that shard parameters (their reshard timeline is judged).
 SHARDING = ("fsdp2", "deepspeed_zero3")
 ALTERNATING = named_masks(4)["alternating"]

@@ -354,14 +354,20 @@ class Watcher(TorchDispatchMode):
                 self._axes[("pre", ptr)] = axes
             layer = self.layers.add_layer(("pre", ptr), tuple(shapes[k] if shapes else weight.shape), None)
             self.layers.alias_weight(layer, ("pre", ptr), weight)
+            self.layers.weight_views[self.view_key(weight)] = layer
         self._bound = bool(weights)
 
     def weight_layer_of(self, t: torch.Tensor) -> int | None:
-        """The layer whose weight `t` is (or was copied from): by storage, else by its Parameter object."""
-        layer = self.layers.layer_of_weight(self.root_view(t)[0])
-        if layer is None and (param := param_of(t)) is not None:
-            layer = self.layers.layer_of_param(param)
-        return layer
+        """The layer whose weight `t` is (or was copied from): by the bound weight's exact view, by its Parameter
+        object, else by storage. Views and objects first: an engine that flattens the trainable Parameters into one
+        buffer (DeepSpeed ZeRO-1/2) leaves every weight on the same storage, and a checkpoint's recompute hands
+        backward detached views of them (no Parameter behind)."""
+        view = self.root_view(t)
+        if (layer := self.layers.layer_of_weight_view(view)) is not None:
+            return layer
+        if (param := param_of(t)) is not None and (layer := self.layers.layer_of_param(param)) is not None:
+            return layer
+        return self.layers.layer_of_weight(view[0])
 
     def _adopt(self, weight: torch.nn.Parameter) -> int | None:
         """The layer of a forward GEMM's Parameter operand not seen before. Bound: a wrapper's unsharded copy of

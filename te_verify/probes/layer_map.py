@@ -37,6 +37,9 @@ class LayerMap:
     input_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
     # Index for the per-GEMM lookups: weight key -> layer.
     _weight_layer: dict[StorageKey, int] = field(default_factory=dict, repr=False)
+    # The exact view (storage key, offset, numel) of each bound weight: weights flattened into one buffer share a
+    # storage key, not a view.
+    weight_views: dict[tuple, int] = field(default_factory=dict, repr=False)
     # id() of each layer's weight Parameter object(s): a wrapper may swap a Parameter's storage (FSDP gathers it
     # anew for backward) but keeps the object.
     _param_layer: dict[int, int] = field(default_factory=dict, repr=False)
@@ -81,6 +84,9 @@ class LayerMap:
     def layer_of_weight(self, key: StorageKey) -> int | None:
         return self._weight_layer.get(key)
 
+    def layer_of_weight_view(self, view: tuple) -> int | None:
+        return self.weight_views.get(view)
+
     def layer_of_param(self, param: torch.nn.Parameter) -> int | None:
         return self._param_layer.get(id(param))
 
@@ -93,7 +99,8 @@ class LayerMap:
         """The same layers (weights, their aliases) with nothing learnt of their inputs: a later iteration's forward
         reads new activations, and a sharded wrapper's copies are adopted again (`Watcher._adopt`)."""
         return LayerMap(list(self.weight_keys), list(self.weight_shapes), input_shapes=[None] * len(self.weight_keys),
-                        _weight_layer=dict(self._weight_layer), _param_layer=dict(self._param_layer))
+                        weight_views=dict(self.weight_views), _weight_layer=dict(self._weight_layer),
+                        _param_layer=dict(self._param_layer))
 
     def unique_layer(self, shapes: list[tuple[int, ...]], shape: tuple[int, ...], transposed_too: bool) -> int | None:
         """The one layer whose listed shape matches `shape` (or its transpose), else None."""
