@@ -44,10 +44,14 @@ PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's li
 STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
 # Activation recompute around the model's blocks (te_verify.models.recompute): none; torch.utils.checkpoint without
 # and with reentrant autograd; in the TE lane also TE's own transformer_engine.pytorch.distributed.checkpoint, with
-# TE's default use_reentrant=True ("te") and use_reentrant=False ("te_nonreentrant").
-RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant", "te", "te_nonreentrant")
+# TE's default use_reentrant=True ("te") and use_reentrant=False ("te_nonreentrant"); in the distributed lane also an
+# engine's own checkpoint function, named after the engine ("deepspeed": deepspeed.checkpointing.checkpoint).
+RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant", "te", "te_nonreentrant", "deepspeed")
 TE_RECOMPUTE_MODES = ("te", "te_nonreentrant")
-REENTRANT_MODES = ("reentrant", "te")  # the modes checkpointing with reentrant autograd
+# An engine's checkpoint mode -> the wrappers that run it (the rest of a rank's model, eager's reference and the fp64
+# truth run torch's checkpoint of the same reentrancy in its place).
+ENGINE_RECOMPUTE_MODES = {"deepspeed": ("deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")}
+REENTRANT_MODES = ("reentrant", "te", "deepspeed")  # the modes checkpointing with reentrant autograd
 # Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
 # optimizer steps moved and on FP8 scales two updates produced.
 ITERATIONS = 3
@@ -525,6 +529,8 @@ def _check_model(spec: CaseSpec) -> None:
 def _check_recompute(spec: CaseSpec) -> None:
     _check(spec.recompute in RECOMPUTE_MODES, f"recompute={spec.recompute!r}: expected one of {RECOMPUTE_MODES}")
     _check_te_recompute(spec)
+    _check(spec.recompute not in ENGINE_RECOMPUTE_MODES or spec.dist is not None,
+           f"recompute={spec.recompute!r}: an engine's own checkpoint needs the distributed lane (dist=None)")
     if spec.dist is not None:
         _check_dist_recompute(spec)
     _check(spec.recompute == "none" or spec.model is None or spec.model.kind == "llama",
@@ -543,6 +549,10 @@ def _check_dist_recompute(spec: CaseSpec) -> None:
     built for (thunder's ddp/fsdp, Megatron-FSDP and users' wrappers are not yet)."""
     if spec.recompute == "none":
         return
+    engines = ENGINE_RECOMPUTE_MODES.get(spec.recompute)
+    _check(engines is None or spec.dist.wrapper in engines,
+           f"recompute={spec.recompute!r}: the engine's own checkpoint runs under {engines}, not "
+           f"dist.wrapper={spec.dist.wrapper!r}")
     _check(spec.dist.wrapper in RECOMPUTE_WRAPPERS, f"recompute={spec.recompute!r}: not built for "
            f"dist.wrapper={spec.dist.wrapper!r} (built for {RECOMPUTE_WRAPPERS})")
     _check(spec.recompute not in TE_RECOMPUTE_MODES and spec.te is None and spec.model is None,

@@ -24,12 +24,22 @@ def test_the_spec_admits_torch_checkpoints_under_the_built_wrappers_and_refuses_
         CASE.replace(recompute="te", te=TEConfig())
 
 
+def test_deepspeeds_own_checkpoint_runs_under_its_zero_stages_only():
+    for stage in (1, 2, 3):
+        CASE.replace(dist=DistConfig(f"deepspeed_zero{stage}"), recompute="deepspeed")
+    with pytest.raises(SpecError, match="recompute='deepspeed': the engine's own checkpoint runs under .*'ddp'"):
+        CASE.replace(recompute="deepspeed")
+    with pytest.raises(SpecError, match="recompute='deepspeed': an engine's own checkpoint needs the distributed lane"):
+        CASE.replace(dist=None, recompute="deepspeed")
+
+
 def test_the_family_draws_three_pr_cases_and_every_built_wrapper_in_nightly():
     pr, nightly = dist_recompute_specs("pr"), dist_recompute_specs("nightly")
     assert dist_recompute_specs("smoke") == [] and len(pr) == 3
     assert {s.id for s in pr} <= {s.id for s in nightly}
     assert {s.dist.wrapper for s in nightly} == set(RECOMPUTE_WRAPPERS)
-    assert {s.recompute for s in nightly} == {"nonreentrant", "reentrant"}
+    assert {s.recompute for s in nightly} == {"nonreentrant", "reentrant", "deepspeed"}
+    assert {s.dist.wrapper for s in nightly if s.recompute == "deepspeed"} == {f"deepspeed_zero{k}" for k in (1, 2, 3)}
     assert not any(timeline_blind(s) for s in nightly)
     assert timeline_blind(CASE.replace(dist=DistConfig("fsdp2")))  # frozen layer 1 inside block (0, 1)
     alternating = _spec(FAMILY, "fsdp2", ALTERNATING, True, widths=WIDTHS).replace(recompute="reentrant")

@@ -7,7 +7,7 @@ the alternating mask (layers 0 and 2 frozen at the blocks' inputs) with and with
 frozen layer 0 is recomputed in backward for layer 1's wgrad though its dgrad is not needed, so a sharding wrapper
 gathers it in backward for the recompute alone. pr: three (DDP reentrant, FSDP2 non-reentrant with the recompute-only
 gather, ZeRO-3 non-reentrant); nightly every built wrapper and engine
-(spec.RECOMPUTE_WRAPPERS) x mode x case.
+(spec.RECOMPUTE_WRAPPERS) x mode (torch's two, and DeepSpeed's own checkpoint on its ZeRO stages) x case.
 
 Left out, with the reason:
 - matrix.recompute.reentrant_drops_grads: a reentrant block that trains while its input needs no gradient runs under
@@ -23,7 +23,7 @@ from __future__ import annotations
 from te_verify.matrix.dist import MIDDLE, _spec
 from te_verify.matrix.recompute import MODES, reentrant_drops_grads
 from te_verify.matrix.tiers import check_tier, dedupe, named_masks
-from te_verify.spec import REENTRANT_MODES, CaseSpec
+from te_verify.spec import ENGINE_RECOMPUTE_MODES, REENTRANT_MODES, CaseSpec
 
 FAMILY = "dist_recompute"
 # Each wrapper or engine with the options its other families run it with (spec.RECOMPUTE_WRAPPERS, in order).
@@ -32,6 +32,7 @@ WRAPPED = [("ddp", ()), ("fsdp2", (("reshard_after_forward", True),)), ("megatro
 # Wrappers that shard parameters (their reshard timeline is judged).
 SHARDING = ("fsdp2", "deepspeed_zero3")
 ALTERNATING = named_masks(4)["alternating"]
+ALL_TRAINED = (False,) * 4
 # Distinct widths: every weight shape names one layer (and the ids share no prefix with other families' expectations).
 WIDTHS = (16, 24, 40, 8, 12)
 
@@ -50,6 +51,17 @@ def timeline_blind(spec: CaseSpec) -> bool:
     return any(spec.input_requires_grad or not all(spec.weight_frozen[:k]) for k in frozen)
 
 
+def _unblind(wrapper: str) -> tuple:
+    """ZeRO-3's one case a reentrant checkpoint can run (nothing frozen, the input's gradient: no frozen layer's
+    dgrad for the timeline to miss, no block without a gradient): DeepSpeed#7780's configuration."""
+    return ((ALL_TRAINED, True),) if wrapper == "deepspeed_zero3" else ()
+
+
+def _engine_modes(wrapper: str) -> tuple[str, ...]:
+    """The engine's own checkpoint modes (spec.ENGINE_RECOMPUTE_MODES) that `wrapper` runs."""
+    return tuple(mode for mode, engines in ENGINE_RECOMPUTE_MODES.items() if wrapper in engines)
+
+
 def dist_recompute_specs(tier: str) -> list[CaseSpec]:
     """pr three cases, nightly every wrapper x mode x (middle with input grad, alternating with and without), less
     what the module docstring leaves out; none in smoke."""
@@ -61,6 +73,6 @@ def dist_recompute_specs(tier: str) -> list[CaseSpec]:
         return [_case("ddp", options["ddp"], MIDDLE, True, "reentrant"),
                 _case("fsdp2", options["fsdp2"], ALTERNATING, False, "nonreentrant"),
                 _case("deepspeed_zero3", options["deepspeed_zero3"], ALTERNATING, True, "nonreentrant")]
-    specs = [_case(w, opts, mask, x, mode) for w, opts in WRAPPED for mode in MODES
-             for mask, x in ((MIDDLE, True), (ALTERNATING, True), (ALTERNATING, False))]
+    specs = [_case(w, opts, mask, x, mode) for w, opts in WRAPPED for mode in MODES + _engine_modes(w)
+             for mask, x in ((MIDDLE, True), (ALTERNATING, True), (ALTERNATING, False)) + _unblind(w)]
     return dedupe([s for s in specs if not reentrant_drops_grads(s) and not timeline_blind(s)])

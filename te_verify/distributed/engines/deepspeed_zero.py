@@ -28,7 +28,8 @@ on a host whose torch sees a GPU; a no-op here), and refuses to run if another a
 Not CPU steps, on every device: gradient_clipping 0 (DeepSpeed 0.19.8 clips to norm 1.0 unless told); DeepSpeed's
 comm backend calls the all-gather and reduce-scatter it bound at start-up through late look-ups, so the case's
 collective counter sees them (late_collectives); ZeRO-3 full parameters are read from the partitions without
-GatheredParameters (gathered_value). ZeRO-3 replaces torch.nn.functional.linear for the whole process
+GatheredParameters (gathered_value). With recompute "deepspeed" the model's blocks run under DeepSpeed's own
+`deepspeed.checkpointing.checkpoint` (its reentrant CheckpointFunction, RNG state through the cpu accelerator). ZeRO-3 replaces torch.nn.functional.linear for the whole process
 (memory_efficient_linear); isolation.fresh_case puts torch's back before every case.
 """
 from __future__ import annotations
@@ -152,6 +153,8 @@ def wrap(stage: int, model: nn.Module, spec: CaseSpec) -> Wrapped:
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
+    if spec.recompute == "deepspeed":  # DeepSpeed's own activation checkpointing around the model's blocks
+        model.checkpoint = deepspeed.checkpointing.checkpoint
     slots = param_slots(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     in_optimizer = {id(p) for p in trainable}
