@@ -93,3 +93,18 @@ def test_a_rank_side_recompute_computing_a_frozen_wgrad_fails_dist_waste_flops_n
     for rank in (0, 1):
         assert f"[ddp rank {rank}, its shard (4,)]" in message
     assert "backward pass 1: layer 1 (frozen weight): 1 wgrad GEMM, 0 required" in message
+
+
+def test_an_engines_checkpoint_runs_every_block_where_the_engine_set_it_and_torchs_reentrant_elsewhere():
+    import torch
+
+    from te_verify.models.recompute import CheckpointedStack, torch_equivalent
+
+    layers = [torch.nn.Linear(4, 4) for _ in range(4)]
+    stack = CheckpointedStack(layers, "deepspeed")
+    calls = []
+    x = torch.randn(2, 4, requires_grad=True)
+    reference = stack(x)  # no engine: torch's reentrant checkpoint in its place
+    stack.checkpoint = lambda block, rows: calls.append(rows.shape) or block(rows)
+    assert torch.equal(stack(x), reference) and calls == [(2, 4), (2, 4)]  # one call per block of two layers
+    assert torch_equivalent("deepspeed") == "reentrant" and torch_equivalent("nonreentrant") == "nonreentrant"

@@ -24,6 +24,7 @@ from te_verify.distributed.rank.case_runner import DistCase, RankOutcome, run_di
 from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
 from te_verify.distributed.policy import has_policy
+from te_verify.models.recompute import torch_equivalent
 from te_verify.distributed.precision import (policy_collectives, policy_schedule_truth, policy_trajectories, policy_truth,
                                             reference_spec, rounded_start, start_of)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
@@ -123,9 +124,11 @@ def rank_records(backend: str, result: PoolResult) -> list[Record]:
 
 def local_spec(spec: CaseSpec) -> CaseSpec:
     """What one rank runs: the spec on its shard of the batch (the oracle's figures per rank), single-process (a
-    shard need not split over the ranks again); an engine's first microbatch of it, which its probes watch."""
+    shard need not split over the ranks again); an engine's first microbatch of it, which its probes watch. An
+    engine's own checkpoint is torch's of the same reentrancy there (models.recompute.torch_equivalent)."""
     rows = spec.batch_shape[0] // spec.dist.world_size // microbatches(spec)
-    return reference_spec(spec).replace(batch_shape=(rows, *spec.batch_shape[1:]), dist=None)
+    return reference_spec(spec).replace(batch_shape=(rows, *spec.batch_shape[1:]), dist=None,
+                                        recompute=torch_equivalent(spec.recompute))
 
 
 def gathered_weight_allowance(spec: CaseSpec) -> int:

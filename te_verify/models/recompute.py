@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.utils.checkpoint
 
-from te_verify.spec import REENTRANT_MODES
+from te_verify.spec import ENGINE_RECOMPUTE_MODES, REENTRANT_MODES
 
 # The linear stack's blocks: consecutive layers (0, 1), (2, 3), ...; a last odd layer is a block of its own.
 REGION_LAYERS = 2
@@ -35,6 +35,12 @@ def regions(n_layers: int) -> list[range]:
 
 # An engine's own checkpoint function: checkpoint(block, x) -> block(x), its forward's activations dropped.
 CheckpointFunction = Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def torch_equivalent(mode: str) -> str:
+    """The torch checkpoint mode that computes as `mode` does: an engine's own checkpoint (spec.ENGINE_RECOMPUTE_MODES)
+    is torch's reentrant one outside the engine's ranks (eager's reference, the fp64 truth, the oracle)."""
+    return "reentrant" if mode in ENGINE_RECOMPUTE_MODES else mode
 
 
 def run_block(mode: str, block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
