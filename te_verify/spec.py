@@ -45,13 +45,15 @@ STAGES = ("embedding", "head", "norms")  # what ModelConfig.frozen may name
 # Activation recompute around the model's blocks (te_verify.models.recompute): none; torch.utils.checkpoint without
 # and with reentrant autograd; in the TE lane also TE's own transformer_engine.pytorch.distributed.checkpoint, with
 # TE's default use_reentrant=True ("te") and use_reentrant=False ("te_nonreentrant"); in the distributed lane also an
-# engine's own checkpoint function, named after the engine ("deepspeed": deepspeed.checkpointing.checkpoint).
-RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant", "te", "te_nonreentrant", "deepspeed")
+# engine's own checkpoint function, named after the engine ("deepspeed": deepspeed.checkpointing.checkpoint;
+# "megatron": megatron.core.tensor_parallel.checkpoint).
+RECOMPUTE_MODES = ("none", "nonreentrant", "reentrant", "te", "te_nonreentrant", "deepspeed", "megatron")
 TE_RECOMPUTE_MODES = ("te", "te_nonreentrant")
 # An engine's checkpoint mode -> the wrappers that run it (the rest of a rank's model, eager's reference and the fp64
 # truth run torch's checkpoint of the same reentrancy in its place).
-ENGINE_RECOMPUTE_MODES = {"deepspeed": ("deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")}
-REENTRANT_MODES = ("reentrant", "te", "deepspeed")  # the modes checkpointing with reentrant autograd
+ENGINE_RECOMPUTE_MODES = {"deepspeed": ("deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"),
+                          "megatron": ("megatron_ddp",)}
+REENTRANT_MODES = ("reentrant", "te", "deepspeed", "megatron")  # the modes checkpointing with reentrant autograd
 # Training iterations a case runs unless it says otherwise: the third is the first that runs on parameters two
 # optimizer steps moved and on FP8 scales two updates produced.
 ITERATIONS = 3

@@ -5,6 +5,7 @@ and the rank while torch's checkpoint and a hand-written correct one pass."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from te_verify.distributed.verify import layer_infos, param_infos
 from te_verify.matrix.dist import MIDDLE, _spec
@@ -24,6 +25,12 @@ def test_the_spec_admits_torch_checkpoints_under_the_built_wrappers_and_refuses_
         CASE.replace(recompute="te", te=TEConfig())
 
 
+def test_megatrons_own_checkpoint_runs_under_megatron_ddp_only():
+    CASE.replace(dist=DistConfig("megatron_ddp"), recompute="megatron")
+    with pytest.raises(SpecError, match="recompute='megatron': the engine's own checkpoint runs under .*'ddp'"):
+        CASE.replace(recompute="megatron")
+
+
 def test_deepspeeds_own_checkpoint_runs_under_its_zero_stages_only():
     for stage in (1, 2, 3):
         CASE.replace(dist=DistConfig(f"deepspeed_zero{stage}"), recompute="deepspeed")
@@ -38,8 +45,9 @@ def test_the_family_draws_three_pr_cases_and_every_built_wrapper_in_nightly():
     assert dist_recompute_specs("smoke") == [] and len(pr) == 3
     assert {s.id for s in pr} <= {s.id for s in nightly}
     assert {s.dist.wrapper for s in nightly} == set(RECOMPUTE_WRAPPERS)
-    assert {s.recompute for s in nightly} == {"nonreentrant", "reentrant", "deepspeed"}
+    assert {s.recompute for s in nightly} == {"nonreentrant", "reentrant", "deepspeed", "megatron"}
     assert {s.dist.wrapper for s in nightly if s.recompute == "deepspeed"} == {f"deepspeed_zero{k}" for k in (1, 2, 3)}
+    assert {s.dist.wrapper for s in nightly if s.recompute == "megatron"} == {"megatron_ddp"}
     assert not any(timeline_blind(s) for s in nightly)
     assert timeline_blind(CASE.replace(dist=DistConfig("fsdp2")))  # frozen layer 1 inside block (0, 1)
     alternating = _spec(FAMILY, "fsdp2", ALTERNATING, True, widths=WIDTHS).replace(recompute="reentrant")
@@ -96,8 +104,6 @@ def test_a_rank_side_recompute_computing_a_frozen_wgrad_fails_dist_waste_flops_n
 
 
 def test_an_engines_checkpoint_runs_every_block_where_the_engine_set_it_and_torchs_reentrant_elsewhere():
-    import torch
-
     from te_verify.models.recompute import CheckpointedStack, torch_equivalent
 
     layers = [torch.nn.Linear(4, 4) for _ in range(4)]
@@ -108,3 +114,12 @@ def test_an_engines_checkpoint_runs_every_block_where_the_engine_set_it_and_torc
     stack.checkpoint = lambda block, rows: calls.append(rows.shape) or block(rows)
     assert torch.equal(stack(x), reference) and calls == [(2, 4), (2, 4)]  # one call per block of two layers
     assert torch_equivalent("deepspeed") == "reentrant" and torch_equivalent("nonreentrant") == "nonreentrant"
+
+
+def test_megatrons_cpu_rng_step_refuses_what_it_does_not_cover():
+    from te_verify.compat import cuda_rng_cpu, megatron_checkpoint_cpu
+
+    get_state = cuda_rng_cpu.stand_ins(megatron_checkpoint_cpu.MODULE)["_get_cuda_rng_state"]
+    assert get_state(graph_safe=False).dtype == torch.uint8  # the CPU generator's state
+    with pytest.raises(cuda_rng_cpu.CudaRngStepError, match="tensor_parallel.random._get_cuda_rng_state.*graph_safe=True"):
+        get_state(graph_safe=True)

@@ -1,7 +1,7 @@
 """Activation recompute in the TE lane (issue 34): torch's two checkpoints and TE's own `distributed.checkpoint`
 around pairs of TE Linears pass every check of the TE lane; a recompute that also computes a frozen weight's wgrad
 fails gemm_work naming the layer, one that keeps every activation fails te_saved_bytes. TE's checkpoint runs on CPU
-through the CPU RNG step (compat.te_checkpoint_cpu), which refuses what it does not cover."""
+through the CPU RNG step (compat.te_checkpoint_cpu over compat.cuda_rng_cpu), which refuses what it does not cover."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from planted_te_recompute import HandTECheckpoint
 from te_verify.backends.te_eager import TEEagerBackend
 from te_verify.checks.te_waste import gemm_work, saved_bytes
 from te_verify.checks.verdict import CheckFailures
-from te_verify.compat import te_checkpoint_cpu
+from te_verify.compat import cuda_rng_cpu, te_checkpoint_cpu
 from te_verify.matrix.te_recompute import te_recompute_specs
 from te_verify.oracle.required import required_saved
 from te_verify.probes import default_probes
@@ -48,13 +48,16 @@ def test_torch_checkpoints_are_not_generated_under_fp8():
     assert len(te_recompute_specs("te_peft", "pr")) + len(te_recompute_specs("te_fp8", "pr")) == 6
 
 
-@pytest.mark.parametrize("call", [lambda: te_checkpoint_cpu._get_cpu_rng_state(clone=True),
-                                  lambda: te_checkpoint_cpu._get_cpu_rng_state(graph_safe=True),
-                                  lambda: te_checkpoint_cpu._get_cpu_rng_state(device=1, graph_safe=False),
-                                  lambda: te_checkpoint_cpu._set_cpu_rng_state(None, device="cuda:1", graph_safe=False)],
+_STAND_INS = cuda_rng_cpu.stand_ins(te_checkpoint_cpu.MODULE)
+
+
+@pytest.mark.parametrize("call", [lambda: _STAND_INS["_get_cuda_rng_state"](clone=True),
+                                  lambda: _STAND_INS["_get_cuda_rng_state"](graph_safe=True),
+                                  lambda: _STAND_INS["_get_cuda_rng_state"](device=1, graph_safe=False),
+                                  lambda: _STAND_INS["_set_cuda_rng_state"](None, device="cuda:1", graph_safe=False)],
                          ids=["clone", "graph_safe", "device_index", "set_on_another_device"])
 def test_the_cpu_rng_step_refuses_what_it_does_not_cover(call):
-    with pytest.raises(te_checkpoint_cpu.TECheckpointStepError, match="covers only the default device"):
+    with pytest.raises(cuda_rng_cpu.CudaRngStepError, match="distributed._.*covers only the default device"):
         call()
 
 

@@ -11,7 +11,8 @@ The optimizer is torch SGD over `main_grad`, as Megatron's FP32Optimizer steps i
 param.main_grad`); Megatron's own optimizer classes are not used: the distributed optimizer accepts only
 torch.cuda.*Tensor parameters (megatron/core/optimizer/distrib_optimizer.py:420). Under a bf16 policy
 (DistConfig.param_dtype / reduce_dtype) the model runs in Megatron's Float16Module and the step is Megatron's
-mixed-precision one over fp32 masters (engines.megatron_bf16).
+mixed-precision one over fp32 masters (engines.megatron_bf16). With recompute "megatron" the model's blocks run under
+Megatron-core's own `tensor_parallel.checkpoint`.
 
 CPU step (0.16.1 only): `megatron.core.distributed.param_and_grad_buffer` allocates the grad buffer with
 `device=torch.cuda.current_device()`; in that module alone `torch.cuda` answers current_device with "cpu", and
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from te_verify import device as run_device
+from te_verify.compat import megatron_checkpoint_cpu
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.engines.deepspeed_bf16 import master_value
 from te_verify.distributed.engines.megatron_bf16 import MasterStep, bf16_module, grad_reduce_in_fp32
@@ -59,6 +61,16 @@ def process_groups():
     return ProcessGroupCollection(dp=dist.group.WORLD, tp=single(), pp=single(), ep=single(), expt_dp=single())
 
 
+def megatron_checkpoint():
+    """Megatron-core's own activation checkpoint (tensor_parallel.checkpoint: its reentrant CheckpointFunction,
+    activations kept whole), as checkpoint(block, x); on a CPU rank through compat.megatron_checkpoint_cpu."""
+    if run_device.active().type == "cpu":
+        megatron_checkpoint_cpu.apply()
+    from megatron.core import tensor_parallel
+
+    return lambda block, x: tensor_parallel.checkpoint(block, False, x)
+
+
 def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     opts = options(spec)
     unknown = set(opts) - OPTIONS
@@ -71,6 +83,8 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
+    if spec.recompute == "megatron":
+        model.checkpoint = megatron_checkpoint()
     slots, layers, groups = param_slots(model), units_of(model, spec), process_groups()
     inner, call = bf16_module(te_stack(model, spec) if spec.te is not None else model, spec, groups)
     config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
