@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from planting import patched
-from te_verify.distributed.engines import megatron_fsdp
+from te_verify.distributed.engines import megatron_fsdp, megatron_fsdp_bf16
 from te_verify.distributed.types import Wrapped
 
 
@@ -22,13 +22,9 @@ def megatron_fsdp_bf16_as_specified(model, spec) -> Wrapped:
 
 
 def _comm_dtype_unset(original):
-    def kwargs(spec) -> dict:
-        out = original(spec)
-        out["mixed_precision_policy"] = dataclasses.replace(out["mixed_precision_policy"], grad_comm_dtype=None)
-        return out
-    return kwargs
+    return lambda spec: {**original(spec), "grad_comm_dtype": None}
 
 
 def megatron_fsdp_bf16_comm_in_main_grads_dtype(model, spec) -> Wrapped:
-    with patched(megatron_fsdp, "policy_kwargs", _comm_dtype_unset):
+    with patched(megatron_fsdp_bf16, "policy_fields", _comm_dtype_unset):
         return megatron_fsdp.wrap(model, spec)

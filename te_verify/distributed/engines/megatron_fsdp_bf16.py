@@ -29,9 +29,9 @@ from te_verify.spec import CaseSpec
 GRAD_COMM_DTYPES = ("fp32", "bf16")
 
 
-def policy_kwargs(spec: CaseSpec) -> dict:
-    """fully_shard's `mixed_precision_policy` for the spec's policy ({} without one: Megatron-FSDP's default, main
-    weights in fp32 and everything else in the model's dtype). Refused before Megatron-FSDP is loaded."""
+def policy_fields(spec: CaseSpec) -> dict[str, torch.dtype]:
+    """MixedPrecisionPolicy's fields for the spec's policy ({} without one: Megatron-FSDP's default, main weights in
+    fp32 and everything else in the model's dtype). Refused before Megatron-FSDP is loaded."""
     if not has_policy(spec):
         return {}
     d = spec.dist
@@ -40,11 +40,18 @@ def policy_kwargs(spec: CaseSpec) -> dict:
     if d.reduce_dtype not in GRAD_COMM_DTYPES:
         raise WrapperError(f"dist.reduce_dtype={d.reduce_dtype!r}: Megatron-FSDP reduces in fp32 or bf16 "
                            "(grad_comm_dtype); name one")
+    return {"main_params_dtype": torch.float32, "main_grads_dtype": torch.float32,
+            "grad_comm_dtype": TORCH_DTYPES[d.reduce_dtype]}
+
+
+def policy_kwargs(spec: CaseSpec) -> dict:
+    """fully_shard's `mixed_precision_policy=` for the spec's policy ({} without one)."""
+    fields = policy_fields(spec)
+    if not fields:
+        return {}
     from megatron_fsdp import MixedPrecisionPolicy
 
-    return {"mixed_precision_policy": MixedPrecisionPolicy(main_params_dtype=torch.float32,
-                                                           main_grads_dtype=torch.float32,
-                                                           grad_comm_dtype=TORCH_DTYPES[d.reduce_dtype])}
+    return {"mixed_precision_policy": MixedPrecisionPolicy(**fields)}
 
 
 def bf16_params(model: nn.Module, spec: CaseSpec) -> nn.Module:

@@ -1,0 +1,87 @@
+"""Megatron-FSDP with bf16 parameters and fp32 main weights and grads (engines.megatron_fsdp_bf16): an engine wrapper
+whose reduce-scatters carry bf16 where the policy says fp32 fails collective_dtypes naming the collective (rank,
+index, phase, iteration) and the parameters it reduced; the engine as configured and the same policy with
+grad_comm_dtype left to main_grads_dtype pass every check but the recorded frozen-parameter optimizer state (the
+pool tests run two gloo ranks: system); the reduce dtype maps to grad_comm_dtype or is refused (cheap)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from planted_megatron_fsdp_bf16 import (megatron_fsdp_bf16_as_specified, megatron_fsdp_bf16_comm_in_main_grads_dtype,
+                                        megatron_fsdp_bf16_reduce_in_bf16)
+from te_verify.distributed.engines.megatron_fsdp_bf16 import casts_params_to, policy_fields
+from te_verify.distributed.types import WrapperError
+from te_verify.matrix.engines import megatron_fsdp_policy_specs
+from te_verify.spec import SpecError, validate
+
+SPEC = megatron_fsdp_policy_specs("smoke")[0]  # frozen middle layer, input grad, optim_grads_params, two microbatches
+# fully_shard(module, optimizer) registers frozen parameters with the optimizer (expectations/megatron_fsdp.toml,
+# Megatron-LM PR 2471): the one check the clean twins fail, for a reason of their own.
+KNOWN = {"engine_state"}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from te_verify.distributed.engines import engine
+    from te_verify.distributed.pool.pool import RankPool
+
+    if engine("megatron_fsdp").unavailable():  # not imported here: Megatron-FSDP loads TE, which the rank loads first
+        pytest.skip(engine("megatron_fsdp").unavailable())
+    pool = RankPool(world_size=2, case_timeout_s=300.0)
+    yield pool
+    pool.close(graceful=True)
+
+
+def _verdicts(pool, wrap) -> dict:
+    from te_verify.distributed.verify import verify_dist
+
+    return {v.check: v for v in verify_dist(SPEC, pool, {}, wrap=wrap)}
+
+
+def _failed(verdicts: dict) -> dict:
+    return {name: v.message for name, v in verdicts.items() if not v.ok and name not in KNOWN}
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("wrap", [megatron_fsdp_bf16_as_specified, megatron_fsdp_bf16_comm_in_main_grads_dtype],
+                         ids=["as_specified", "comm_in_main_grads_dtype"])
+def test_the_engine_as_configured_passes_every_check(pool, wrap):
+    verdicts = _verdicts(pool, wrap)
+    assert not _failed(verdicts), _failed(verdicts)
+    assert "optimizer_state holds" in verdicts["engine_state"].message  # the recorded gap, nothing else
+    assert verdicts["collective_dtypes"].figures["reductions_dtype_judged"] > 0
+    assert verdicts["collective_dtypes"].figures["gathers_dtype_judged"] > 0
+    assert verdicts["params_after_steps"].figures["steps_compared"] == SPEC.iterations
+
+
+@pytest.mark.system
+def test_a_wrapper_reducing_in_bf16_fails_collective_dtypes(pool):
+    verdicts = _verdicts(pool, megatron_fsdp_bf16_reduce_in_bf16)
+    dtypes = verdicts["collective_dtypes"]
+    assert not dtypes.ok and "rank 0: reduce_scatter #" in dtypes.message and "(iteration 1)" in dtypes.message \
+        and "reduced the gradients of 3.weight, 3.bias in bfloat16, the policy reduces in float32" in dtypes.message, \
+        dtypes.message
+    assert "frozen_collectives" not in _failed(verdicts)
+
+
+def test_grad_comm_dtype_follows_the_reduce_dtype_and_refuses_the_rest():
+    assert policy_fields(SPEC) == {"main_params_dtype": torch.float32, "main_grads_dtype": torch.float32,
+                                   "grad_comm_dtype": torch.float32}
+    bf16 = SPEC.replace(dist=dataclasses.replace(SPEC.dist, reduce_dtype="bf16"))
+    assert policy_fields(bf16)["grad_comm_dtype"] == torch.bfloat16
+    none = SPEC.replace(dist=dataclasses.replace(SPEC.dist, param_dtype="", reduce_dtype=""))
+    assert policy_fields(none) == {} and casts_params_to(none) is None  # no policy: Megatron-FSDP's defaults
+    assert casts_params_to(SPEC) == torch.bfloat16
+    with pytest.raises(WrapperError, match="dist.reduce_dtype=''"):
+        policy_fields(SPEC.replace(dist=dataclasses.replace(SPEC.dist, reduce_dtype="")))
+    with pytest.raises(WrapperError, match="dist.param_dtype='fp32'"):
+        policy_fields(SPEC.replace(dist=dataclasses.replace(SPEC.dist, param_dtype="fp32")))
+
+
+def test_the_policy_is_validated_on_megatron_fsdp():
+    validate(SPEC)
+    with pytest.raises(SpecError, match="dist.reduce_dtype='fp16'"):
+        validate(SPEC.replace(dist=dataclasses.replace(SPEC.dist, reduce_dtype="fp16")))
