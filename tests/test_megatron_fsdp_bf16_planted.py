@@ -62,7 +62,7 @@ def test_a_wrapper_reducing_in_bf16_fails_collective_dtypes(pool):
     verdicts = _verdicts(pool, megatron_fsdp_bf16_reduce_in_bf16)
     dtypes = verdicts["collective_dtypes"]
     assert not dtypes.ok and "rank 0: reduce_scatter #" in dtypes.message and "(iteration 1)" in dtypes.message \
-        and "reduced the gradients of 3.weight, 3.bias in bfloat16, the policy reduces in float32" in dtypes.message, \
+        and "reduced the gradients of 3.bias, 3.weight in bfloat16, the policy reduces in float32" in dtypes.message, \
         dtypes.message
     assert "frozen_collectives" not in _failed(verdicts)
 
