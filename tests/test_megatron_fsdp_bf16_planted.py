@@ -85,3 +85,23 @@ def test_the_policy_is_validated_on_megatron_fsdp():
     validate(SPEC)
     with pytest.raises(SpecError, match="dist.reduce_dtype='fp16'"):
         validate(SPEC.replace(dist=dataclasses.replace(SPEC.dist, reduce_dtype="fp16")))
+
+
+def test_gathered_peak_counts_layers_in_the_policy_param_dtype():
+    """Under a bf16 policy the gathered parameters are bf16: four bf16 layers alive at once in backward (Megatron-FSDP
+    0.6.1's prefetch of every unit) hold the bytes of two fp32 ones, which gathered_peak took as required before the
+    layers were counted in the param dtype; two bf16 layers alive (the one computing and one prefetched) pass."""
+    from te_verify.checks.reshard import gathered_peak
+    from te_verify.distributed.precision import gathered_layers
+    from te_verify.distributed.verify import layer_infos, param_infos
+
+    layers = gathered_layers(SPEC, layer_infos(SPEC, param_infos(SPEC)))
+    bf16 = [layer.nbytes for layer in layers]
+    assert bf16 == [(32 * 32 + 32) * 2] * 4
+    every = gathered_peak(SPEC.id, "megatron_fsdp", [("grad_done", 3, bf16)], layers, True, True)
+    assert not every.ok and "8448 B of gathered parameters alive at grad_done(3)" in every.message \
+        and "required at most 4224 B" in every.message, every.message
+    two = gathered_peak(SPEC.id, "megatron_fsdp", [("grad_done", 3, [0, 0] + bf16[2:])], layers, True, True)
+    assert two.ok, two.message
+    fp32 = SPEC.replace(dist=dataclasses.replace(SPEC.dist, param_dtype="", reduce_dtype=""))
+    assert gathered_layers(fp32, layers) is layers  # no policy: the spec's own bytes
