@@ -8,6 +8,8 @@ Megatron-FSDP's, True), microbatches (gradient accumulation under the model's no
 named ("fsdp", "tp") on CPU, one FSDP unit per nn.Linear. gloo has no PREMUL_SUM, so the wrapped model's
 gradient_reduce_div_fusion is turned off after wrapping (a config choice, not a patch: it falls back to mul_ then
 SUM). Megatron-FSDP averages gradients over the data-parallel ranks (gradient_scaling_factor 1 / world).
+Under a bf16 policy (DistConfig.param_dtype / reduce_dtype) the model is bf16 with fp32 main weights and grads and
+reductions in the reduce dtype: engines.megatron_fsdp_bf16 (its MixedPrecisionPolicy).
 
 The training iteration is the library's documented one: `fully_shard(module, optimizer)` replaces the
 optimizer's parameters with Megatron-FSDP's distributed parameters (DTensors over its main-weight buffers, every
