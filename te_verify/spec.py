@@ -37,7 +37,8 @@ WRAPPERS = ("ddp", "fsdp", "fsdp2", "fairscale_fsdp", "thunder_ddp", "thunder_fs
 # DistConfig.param_dtype / reduce_dtype: a wrapper's mixed-precision policy ("" = none), and the wrappers that
 # take one (distributed.precision builds it for each).
 MIXED_PRECISION_DTYPES = ("", "bf16", "fp32")
-MIXED_PRECISION_WRAPPERS = ("fsdp", "fsdp2", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "megatron_ddp")
+MIXED_PRECISION_WRAPPERS = ("fsdp", "fsdp2", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "megatron_ddp",
+                            "megatron_fsdp")
 # Names of users' wrappers declared in this process (te_verify.distributed.declare registers them).
 USER_WRAPPERS: set[str] = set()
 PROJECTIONS = ("q", "k", "v", "o", "fc_1", "fc_2", "proj")  # a Llama block's linears, attention then MLP

@@ -14,9 +14,10 @@ import torch
 
 from te_verify.checks.collective_dtypes import collective_dtypes
 from te_verify.checks.collectives import Collective, ParamInfo
+from te_verify.checks.reshard import LayerInfo
 from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
-from te_verify.distributed.policy import has_policy, policy_dtypes
+from te_verify.distributed.policy import TORCH_DTYPES, has_policy, policy_dtypes
 from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.distributed.schedule import reference_iterations
 from te_verify.models import frozen_at_backward
@@ -69,6 +70,17 @@ def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]],
     param, reduce = (str(d).removeprefix("torch.") if d is not None else "" for d in policy_dtypes(spec))
     return collective_dtypes(spec.id, spec.dist.wrapper, ranks, params_at, param, reduce, shards,
                              spec.dist.world_size)
+
+
+def gathered_layers(spec: CaseSpec, layers: list[LayerInfo]) -> list[LayerInfo]:
+    """The layers' bytes as a sharding wrapper gathers them under the policy: in its param dtype (FSDP1/FSDP2 gather
+    the cast parameters, DeepSpeed and Megatron-FSDP hold them in it), not in the spec's fp32, so that gathered_peak's
+    required figure is the bytes of as many layers as it needs; `layers` as they are without a param dtype."""
+    param = policy_dtypes(spec)[0] if has_policy(spec) else None
+    if param is None:
+        return layers
+    size = TORCH_DTYPES[spec.dtype].itemsize
+    return [dataclasses.replace(layer, nbytes=layer.nbytes // size * param.itemsize) for layer in layers]
 
 
 def start_of(spec: CaseSpec) -> torch.dtype | None:

@@ -25,8 +25,8 @@ from te_verify.checks.training import engine_state, params_after_steps
 from te_verify.distributed.engines import engine
 from te_verify.distributed.policy import has_policy
 from te_verify.models.recompute import torch_equivalent
-from te_verify.distributed.precision import (policy_collectives, policy_schedule_truth, policy_trajectories, policy_truth,
-                                            reference_spec, rounded_start, start_of)
+from te_verify.distributed.precision import (gathered_layers, policy_collectives, policy_schedule_truth,
+                                            policy_trajectories, policy_truth, reference_spec, rounded_start, start_of)
 from te_verify.distributed.wrappers.fairscale import STEP as FAIRSCALE_STEP
 from te_verify.distributed.rank.training import microbatches
 from te_verify.distributed.schedule import reference_iterations
@@ -261,7 +261,8 @@ def dist_verdicts(spec: CaseSpec, result: PoolResult) -> list[Verdict]:
         verdicts.append(policy_collectives(spec, {r: o.collectives for r, o in enumerate(result.results)},
                                            lambda k: param_infos(spec_at(spec, k + 1)), sharded))
     verdicts.append(reshard_timing(spec.id, backend, outcome.timeline, layers, sharded))
-    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, layers, regathers, sharded))
+    verdicts.append(gathered_peak(spec.id, backend, outcome.timeline, gathered_layers(spec, layers), regathers,
+                                  sharded))  # in the policy's param dtype: bf16 layers are half the fp32 bytes
     if spec.schedule and not outcome.params_after_steps:  # a wrapper's later iterations (distributed.schedule)
         verdicts.append(dist_schedule_parity(spec.id, backend, reference_iterations(reference_spec(spec)),
                                              {r: (o.scheduled_grads, o.schedule_error)

@@ -139,6 +139,31 @@ def megatron_policy_specs(tier: str) -> list:
                    for opts, reduce in policies for m in masks for x in ((True,) if tier != "nightly" else (False, True))])
 
 
+# Megatron-FSDP with bf16 parameters and fp32 main weights and grads (engines.megatron_fsdp_bf16): (options, reduce
+# dtype), the reduce dtype giving grad_comm_dtype. The first two are the pr tier's (pairwise over strategy x reduce
+# dtype x accumulation): fully sharded, two microbatches reduce-scattered in fp32 into the fp32 main grads; gradients
+# sharded, one microbatch reduce-scattered in bf16. "optim" is left out: without overlap it crashes on a frozen
+# parameter and with model auto-sync over microbatches it corrupts them (expectations/megatron_fsdp.toml), so a policy
+# case of it would judge nothing new.
+FSDP_POLICIES = [((("microbatches", 2), ("zero_dp_strategy", "optim_grads_params")), "fp32"),
+                 ((("microbatches", 1), ("zero_dp_strategy", "optim_grads")), "bf16"),
+                 ((("microbatches", 1), ("zero_dp_strategy", "optim_grads_params")), "bf16"),
+                 ((("microbatches", 2), ("overlap", True), ("zero_dp_strategy", "optim_grads")), "fp32"),
+                 ((("microbatches", 2), ("sync_model_each_microbatch", False), ("zero_dp_strategy", "no_shard")),
+                  "fp32"),
+                 ((("microbatches", 1), ("zero_dp_strategy", "no_shard")), "bf16")]
+
+
+def megatron_fsdp_policy_specs(tier: str) -> list:
+    """Megatron-FSDP under a bf16 policy over fp32 parameters: smoke the first policy, pr the first two (frozen
+    middle layer, input grad), nightly every policy x mask with and without the input's gradient."""
+    check_tier(tier)
+    policies = FSDP_POLICIES[:1] if tier == "smoke" else FSDP_POLICIES[:2] if tier == "pr" else FSDP_POLICIES
+    masks = [MIDDLE] if tier != "nightly" else _masks(tier)
+    return dedupe([_policy(_spec("dist_megatron_fsdp_bf16", "megatron_fsdp", m, x, opts), reduce)
+                   for opts, reduce in policies for m in masks for x in ((True,) if tier != "nightly" else (False, True))])
+
+
 FAMILIES = {
     "dist_megatron_ddp": megatron_ddp_specs,
     "dist_te_megatron": te_megatron_specs,
@@ -146,4 +171,5 @@ FAMILIES = {
     "dist_deepspeed": deepspeed_specs,
     "dist_deepspeed_bf16": deepspeed_policy_specs,
     "dist_megatron_bf16": megatron_policy_specs,
+    "dist_megatron_fsdp_bf16": megatron_fsdp_policy_specs,
 }

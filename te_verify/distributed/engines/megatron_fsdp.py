@@ -8,6 +8,8 @@ Megatron-FSDP's, True), microbatches (gradient accumulation under the model's no
 named ("fsdp", "tp") on CPU, one FSDP unit per nn.Linear. gloo has no PREMUL_SUM, so the wrapped model's
 gradient_reduce_div_fusion is turned off after wrapping (a config choice, not a patch: it falls back to mul_ then
 SUM). Megatron-FSDP averages gradients over the data-parallel ranks (gradient_scaling_factor 1 / world).
+Under a bf16 policy (DistConfig.param_dtype / reduce_dtype) the model is bf16 with fp32 main weights and grads and
+reductions in the reduce dtype: engines.megatron_fsdp_bf16 (its MixedPrecisionPolicy).
 
 The training iteration is the library's documented one: `fully_shard(module, optimizer)` replaces the
 optimizer's parameters with Megatron-FSDP's distributed parameters (DTensors over its main-weight buffers, every
@@ -51,7 +53,9 @@ from te_verify import device as run_device
 from te_verify.compat import record
 from te_verify.compat.cuda_stand_in import confine
 from te_verify.distributed.types import Engine
+from te_verify.distributed.engines.deepspeed_bf16 import cast_inputs
 from te_verify.distributed.engines.gathered import megatron_fsdp_gathered
+from te_verify.distributed.engines.megatron_fsdp_bf16 import bf16_params, casts_params_to, policy_kwargs
 from te_verify.distributed.engines.layout import megatron_fsdp_layout
 from te_verify.distributed.rank.training import load_te, microbatches
 from te_verify.training import StateBytes
@@ -185,12 +189,14 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
     if spec.model is not None or spec.te is not None:
         raise WrapperError("megatron_fsdp wraps plain linear stacks only (no model family, no TE modules)")
     load_te()
+    kwargs.update(policy_kwargs(spec))  # a bf16 policy (engines.megatron_fsdp_bf16)
     own_config()
     if run_device.active().type == "cpu":
         cpu_step()
     from megatron_fsdp import fully_shard
 
     world = dist.get_world_size()
+    model = bf16_params(model, spec)  # under a policy, bf16 in place: the same Parameters
     slots, layers = param_slots(model), units_of(model, spec)
     optimizer = sgd(model.parameters())  # fully_shard swaps in its distributed parameters
     fsdp, optimizer = fully_shard(model, optimizer, device_mesh=mesh(world), dp_shard_dim="fsdp", tp_dim="tp",
@@ -238,7 +244,7 @@ def wrap(model: nn.Module, spec: CaseSpec) -> Wrapped:
 
     train = TrainStep(backward=default_backward, finish=finish, step=step, state=state,
                       no_sync=fsdp.no_sync)
-    return Wrapped(fsdp, layers, full_grads, full_params, megatron_fsdp_gathered(buffers, model, layers), world,
+    return Wrapped(cast_inputs(fsdp, spec), layers, full_grads, full_params, megatron_fsdp_gathered(buffers, model, layers), world,
                    keep=[mesh(world)], train=train, buffer_layout=megatron_fsdp_layout(buffers))
 
 
@@ -296,5 +302,5 @@ def slack(bufs: list, world: int) -> int:
 
 ENGINE = Engine("megatron_fsdp", wrap, shards=lambda spec: strategy_of(spec) == "optim_grads_params",
                 reshards_after_forward=lambda spec: strategy_of(spec) == "optim_grads_params",
-                cpu_steps=(CPU_STEP, SYNC_STEP), steps=(CONFIG_STEP,),
+                cpu_steps=(CPU_STEP, SYNC_STEP), steps=(CONFIG_STEP,), casts_params_to=casts_params_to,
                 package="megatron_fsdp", reductions=lambda spec: microbatches(spec) if reduces_each_microbatch(spec) else 1)
