@@ -1,4 +1,4 @@
-"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R11 rewrites what it
+"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R12 rewrites what it
 should, records (file, line, rule), keeps line numbers, and leaves other code alone; the finder serves only
 `transformer_engine.*`; the version gate and the surface loader fail with one-line messages."""
 from __future__ import annotations

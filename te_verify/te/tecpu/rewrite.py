@@ -102,7 +102,7 @@ def _is_torch_version_cuda(node: ast.AST) -> bool:
 
 
 class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R11 to one module's tree, appending to `sites`."""
+    """Applies R1-R12 to one module's tree, appending to `sites`."""
 
     def __init__(self, filename: str, sites: list[tuple[str, int, str]],
                  device_positions: dict[str, int] | None = None) -> None:
