@@ -1,4 +1,4 @@
-"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R11 rewrites what it
+"""rewrite.rewrite_source / CudaRewriter on small sources (no TE needed): each rule R1-R12 rewrites what it
 should, records (file, line, rule), keeps line numbers, and leaves other code alone; the finder serves only
 `transformer_engine.*`; the version gate and the surface loader fail with one-line messages."""
 from __future__ import annotations
@@ -129,6 +129,14 @@ def test_r11_is_cpu_becomes_off_emulated_device_check() -> None:
     scope, sites = run("t = 5\nflag = t.is_cpu\n")
     assert scope["flag"] == ("off_emulated_device", 5), f"R11: {scope['flag']}"
     assert rules(sites) == [(2, "R11")], f"R11 sites: {sites}"
+
+
+def test_r12_names_imported_from_torch_cuda_are_the_shims() -> None:
+    """TE's distributed.py binds `_lazy_init` from torch.cuda at import: without R12 the real one runs (and raises
+    "Torch not compiled with CUDA enabled" on a CPU torch) where every `torch.cuda.x` is the fake."""
+    scope, sites = run("import os\nfrom torch.cuda import marker, current_device as device_index\n")
+    assert (scope["marker"], scope["device_index"]()) == ("fake-cuda", 0), "R12: names must come from the shim"
+    assert rules(sites) == [(2, "R12")], f"R12 sites: {sites}"
 
 
 def test_line_numbers_are_kept() -> None:

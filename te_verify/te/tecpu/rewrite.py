@@ -24,6 +24,9 @@ module from its own source after these rewrites, which therefore hold exactly in
   R11 `x.is_cpu`                       -> false for `x` on the emulated device: it is TE's accelerator, so TE's
                                           CPU fallbacks (float8_tensor_storage.py's dequantize) must not run where a
                                           GPU would call tex
+  R12 `from torch.cuda import a, b as c` -> `a = <R1's namespace>.a; c = <R1's namespace>.b`: names imported from
+                                          torch.cuda are R1's too (distributed.py binds `_lazy_init`, which on a
+                                          CPU torch raises "Torch not compiled with CUDA enabled" past the fake)
 
 Line numbers are kept, so tracebacks and call sites name TE's real file:line. Every rewrite is recorded.
 """
@@ -99,7 +102,7 @@ def _is_torch_version_cuda(node: ast.AST) -> bool:
 
 
 class CudaRewriter(ast.NodeTransformer):
-    """Applies R1-R11 to one module's tree, appending to `sites`."""
+    """Applies R1-R12 to one module's tree, appending to `sites`."""
 
     def __init__(self, filename: str, sites: list[tuple[str, int, str]],
                  device_positions: dict[str, int] | None = None) -> None:
@@ -163,6 +166,17 @@ class CudaRewriter(ast.NodeTransformer):
             target = self.visit(node.value)
             return ast.copy_location(ast.Call(_shim("off_emulated_device"), [target], []), node)
         return self.generic_visit(node)
+
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | list[ast.AST]:
+        if node.module != "torch.cuda" or node.level:
+            return node
+        if any(alias.name == "*" for alias in node.names):
+            raise SyntaxError(f"{self.filename}:{node.lineno}: `from torch.cuda import *` has no R12 rewrite")
+        self._note(node, "R12 from torch.cuda import")
+        return [ast.copy_location(ast.Assign([ast.Name(alias.asname or alias.name, ast.Store())],
+                                             ast.Attribute(_shim("cuda"), alias.name, ast.Load())), node)
+                for alias in node.names]
 
 
 class _DeviceKeyword(ast.NodeTransformer):

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import activation, block_quantize, gemm, norm, quantize
+from te_verify.te.tecpu import activation, block_quantize, gemm, norm, padding, quantize
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -33,6 +33,9 @@ EMULATED: dict[str, Callable] = {
     "rmsnorm_fwd": norm.rmsnorm_fwd,
     "rmsnorm_bwd": norm.rmsnorm_bwd,
     "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
+    # Fp8Padding / Fp8Unpadding around GroupedLinear (splits aligned for the quantized grouped GEMM).
+    "fused_multi_row_padding": padding.fused_multi_row_padding,
+    "fused_multi_row_unpadding": padding.fused_multi_row_unpadding,
     # Columnwise copies made from rowwise ones (2D block-scaled weights: update_usage / _create_columnwise).
     "fp8_transpose": block_quantize.fp8_transpose,
     "nvfp4_data_transpose": block_quantize.nvfp4_data_transpose,
