@@ -60,8 +60,16 @@ REENTRANT_MODES = ("reentrant", "te", "deepspeed", "megatron")  # the modes chec
 ITERATIONS = 3
 # Changes a freeze schedule (CaseSpec.schedule) can make to the trainable set between iterations, on the stack's
 # layers: every parameter trainable; every layer frozen but the last (a frozen backbone under a trained head); the
-# inverse of the masks in force (LoRA-style phase switch); the weights frozen and the biases trainable (BitFit).
-SCHEDULE_CHANGES = ("unfreeze_all", "freeze_all_but_last", "swap", "bias_only")
+# inverse of the masks in force (LoRA-style phase switch); the weights frozen and the biases trainable (BitFit); the
+# adapters frozen, the rest as in force (a model family's LoRA phase ends). A model family's meaning of each is
+# models.stages.changed.
+SCHEDULE_CHANGES = ("unfreeze_all", "freeze_all_but_last", "swap", "bias_only", "freeze_adapters")
+# Model families a freeze schedule is built for (the torch lane; models.stages.changed says what a change does to
+# their groups of parameters).
+SCHEDULE_KINDS = ("llama", "hf_peft", "litgpt_lora")
+# ModelConfig.trains: a group of parameters is a stage outside the blocks, or a block's "norms", "linear" (the
+# projections' own weights) or "adapter" (LoRA matrices) as "<stage>.<block>" (models.stages.group_of).
+BLOCK_GROUPS = ("norms", "linear", "adapter")
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,10 @@ class ModelConfig:
     frozen: tuple[str, ...] = ()
     # The adapters' base linears are TE Linear modules (TE lane): LoRA over TE.
     te_base: bool = False
+    # The groups of parameters that train (BLOCK_GROUPS' "<stage>.<block>", or a stage of STAGES outside the blocks),
+    # overriding the rule of the fields above; None: that rule. What a freeze schedule leaves in force at an iteration
+    # (models.schedule.spec_at: the oracle's model of that iteration), or any mix a user trains.
+    trains: tuple[str, ...] | None = None
 
     @property
     def in_width(self) -> int:
@@ -236,6 +248,8 @@ class ModelConfig:
             parts.append(f"fb{self.frozen_blocks}")
         if self.frozen:
             parts.append("fz_" + ".".join(self.frozen))
+        if self.trains is not None:  # suffix only off the default, so existing ids stay
+            parts.append("tr_" + "+".join(self.trains))
         return "-".join(parts)
 
 
@@ -366,7 +380,8 @@ class CaseSpec:
                                   "frozen_experts": tuple(d["te"].get("frozen_experts", ()))})
         if d.get("model") is not None:
             d["model"] = ModelConfig(**{**d["model"], "lora_on": tuple(d["model"].get("lora_on", ())),
-                                        "frozen": tuple(d["model"].get("frozen", ()))})
+                                        "frozen": tuple(d["model"].get("frozen", ())),
+                                        "trains": _tuple_or_none(d["model"].get("trains"))})
         d["schedule"] = tuple(tuple(change) for change in d.get("schedule", ()))
         if d.get("dist") is not None:
             dist = dict(d["dist"])
@@ -376,6 +391,10 @@ class CaseSpec:
 
     def replace(self, **changes: Any) -> "CaseSpec":
         return dataclasses.replace(self, **changes)
+
+
+def _tuple_or_none(value: Any) -> tuple | None:
+    return None if value is None else tuple(value)
 
 
 def _check(ok: bool, what: str) -> None:
@@ -481,11 +500,32 @@ def _check_schedule(spec: CaseSpec) -> None:
     at = [k for k, _ in schedule]
     _check(at == sorted(set(at)) and 2 <= at[0] and at[-1] <= spec.iterations,
            f"schedule={schedule!r}: iterations ascending, each in 2..{spec.iterations} (iterations={spec.iterations})")
-    _check(spec.model is None, f"schedule={schedule!r}: changes the linear stack's masks; not for a model family")
+    if spec.model is not None:
+        _check_family_schedule(spec)
+        return
     if spec.te is not None:
         _check_te_schedule(spec.te)
     _check(spec.has_bias or all(c != "bias_only" for _, c in schedule),
            f"schedule={schedule!r}: 'bias_only' needs biases (bias_frozen is None)")
+    _check(all(c != "freeze_adapters" for _, c in schedule),
+           f"schedule={schedule!r}: 'freeze_adapters' needs a model family's adapters (a linear stack has none)")
+
+
+def _check_family_schedule(spec: CaseSpec) -> None:
+    """A freeze schedule on a model family: a torch-lane kind of SCHEDULE_KINDS started from its own rule, and changes
+    its model can make (no biases; a head to keep; adapters to freeze)."""
+    m, schedule = spec.model, spec.schedule
+    _check(m.kind in SCHEDULE_KINDS and not m.te_base and spec.te is None and spec.dist is None,
+           f"schedule={schedule!r}: built for the torch lane's {SCHEDULE_KINDS} (model={m.tag}, "
+           f"te={spec.te and spec.te.tag}, dist={spec.dist and spec.dist.tag}): the TE and distributed lanes change "
+           f"a stack's layers")
+    _check(m.trains is None, f"model.trains={m.trains!r}: a freeze schedule starts from the family's rule")
+    changes = {c for _, c in schedule}
+    _check("bias_only" not in changes, f"schedule={schedule!r}: 'bias_only': a {m.kind} model has no biases")
+    _check("freeze_all_but_last" not in changes or m.head,
+           f"schedule={schedule!r}: 'freeze_all_but_last' trains the head; model.head is False")
+    _check("freeze_adapters" not in changes or m.lora_on,
+           f"schedule={schedule!r}: 'freeze_adapters' needs adapters (model.lora_on is empty)")
 
 
 # TE modules a freeze schedule is built for: one TE module per layer, each holding its layer's own Parameters.
@@ -518,6 +558,7 @@ def _check_model(spec: CaseSpec) -> None:
     _check(("embedding" not in m.frozen or m.embedding) and ("head" not in m.frozen or m.head),
            f"model.frozen={m.frozen!r}: names a stage the model does not have")
     _check(not m.te_base or m.lora_on, "model.te_base=True needs adapters (model.lora_on)")
+    _check_trains(m)
     _check(spec.widths == (m.in_width, m.out_width),
            f"widths={spec.widths!r}: a {m.kind} model's widths are its (input, output) features, "
            f"{(m.in_width, m.out_width)}")
@@ -527,6 +568,16 @@ def _check_model(spec: CaseSpec) -> None:
     _check(not (m.embedding and spec.input_requires_grad),
            "input_requires_grad=True: token ids (model.embedding) cannot need a gradient")
     _check(spec.te is None or m.te_base, "te: a model family runs on the TE lane only with model.te_base")
+
+
+def _check_trains(m: ModelConfig) -> None:
+    """ModelConfig.trains: None, or distinct groups its model has (BLOCK_GROUPS in a block below model.blocks, a stage
+    of STAGES outside the blocks)."""
+    if m.trains is None:
+        return
+    known = {*STAGES, *(f"{g}.{b}" for g in BLOCK_GROUPS for b in range(m.blocks))}
+    _check(isinstance(m.trains, tuple) and set(m.trains) <= known and len(set(m.trains)) == len(m.trains),
+           f"model.trains={m.trains!r}: expected distinct groups from {sorted(known)}")
 
 
 def _check_recompute(spec: CaseSpec) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from planted_iterations import KeepsOutputsFromThirdIteration, LosesFrozenAfterStep, RecompilesCorrectly
 from te_verify.checks.accumulation import accumulated_work
-from te_verify.checks.iterations import ITERATIONS_FIGURE, each_iteration, spec_at
+from te_verify.checks.iterations import ITERATIONS_FIGURE, each_iteration
+from te_verify.models.schedule import spec_at
 from te_verify.checks.verdict import CheckFailures, Verdict
 from te_verify.probes import default_probes
 from te_verify.record import Record

@@ -8,7 +8,7 @@ import pytest
 
 from planted_schedule import RereadsRequiresGrad, StaleRequiresGrad
 from te_verify.checks.verdict import CheckFailures
-from te_verify.models.schedule import masks_at, new_state_bytes
+from te_verify.models import masks_at, new_state_bytes
 from te_verify.run.caserun import CaseRun
 from te_verify.spec import CaseSpec, SpecError
 

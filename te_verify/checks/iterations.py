@@ -1,28 +1,19 @@
 """The waste checks at every iteration: a check judged on the first iteration's probe record is judged on each later
 iteration's (Record.later, run.iteration_probes) the same way, against the oracle's required work for that iteration
-(a freeze schedule's change before it: `spec_at`), and one verdict per check says where it failed: "iteration 2: ..."
-(the value checks' way of naming an iteration). A backend that wastes only after an optimizer step (a recompile that
-lost a specialisation) fails by the iteration it wasted in."""
+(a freeze schedule's change before it: models.schedule.spec_at), and one verdict per check says where it failed:
+"iteration 2: ..." (the value checks' way of naming an iteration). A backend that wastes only after an optimizer step
+(a recompile that lost a specialisation) fails by the iteration it wasted in."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
 from te_verify.checks.verdict import Verdict
-from te_verify.models.schedule import masks_at
+from te_verify.models.schedule import spec_at
 from te_verify.record import Record
 from te_verify.spec import CaseSpec
 
 ITERATIONS_FIGURE = "waste_iterations_judged"
-
-
-def spec_at(spec: CaseSpec, iteration: int) -> CaseSpec:
-    """The case as the oracle sees iteration `iteration`: the freeze masks in force then (models.schedule), set
-    before preparing and never changed (the same spec where the schedule changes nothing by then)."""
-    if not spec.schedule or all(k > iteration for k, _ in spec.schedule):
-        return spec
-    weights, biases = masks_at(spec, iteration)
-    return spec.replace(weight_frozen=weights, bias_frozen=biases, freeze_timing="before", schedule=())
 
 
 def judged_iterations(*records: Record) -> list[int]:

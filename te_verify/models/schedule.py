@@ -1,18 +1,17 @@
-"""Freeze schedules (CaseSpec.schedule): the trainable set of a linear stack in force at each iteration, and the
-change applied before an iteration, to a backend's model and to its reference the same way.
+"""Freeze schedules (CaseSpec.schedule): the trainable set in force at each iteration, as the spec of a case that
+trains that set from the start (`spec_at`), from which models.apply_schedule sets a backend's model and its
+reference the same way before the iteration, and the oracle reads the iteration's required work.
 
 Iteration 1 trains what the spec's freeze_timing leaves trainable (spec.frozen_after_prepare); before iteration k a
-change named at k (spec.SCHEDULE_CHANGES) replaces the masks, each from the spec alone, so every lane and every
-reference computes the same sets without looking at a model.
+change named at k (spec.SCHEDULE_CHANGES) replaces the masks of a linear stack, or a model family's groups of
+parameters (models.stages.changed), each from the spec alone, so every lane and every reference computes the same
+sets without looking at a model.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
 
-import torch
-
-from te_verify.models.seeded import TORCH_DTYPES
-from te_verify.models.stack import set_frozen
+from te_verify.models import stages
 from te_verify.spec import CaseSpec
 
 Masks = tuple[tuple[bool, ...], tuple[bool, ...] | None]  # (weight frozen, bias frozen) per layer
@@ -49,27 +48,14 @@ def change_at(spec: CaseSpec, iteration: int) -> str | None:
     return dict(spec.schedule).get(iteration)
 
 
-def apply_schedule(layers: Iterable[torch.nn.Module], spec: CaseSpec, iteration: int) -> bool:
-    """Before `iteration`: set the stack's layers (a built model, or the layers a wrapper runs) to the masks in
-    force then, where the schedule changes them; whether it did."""
-    if change_at(spec, iteration) is None:
-        return False
-    set_frozen(layers, *masks_at(spec, iteration))
-    return True
-
-
-def new_state_bytes(spec: CaseSpec, iteration: int) -> int:
-    """Bytes of optimizer state (SGD's momentum, one element per parameter element, in the parameter's dtype) the step
-    of `iteration` makes for the first time: the parameters trainable then and in no iteration before it (none
-    without a schedule: the first step made every state; model families take no schedule)."""
-    if not spec.schedule:
-        return 0
-    size = torch.empty((), dtype=TORCH_DTYPES[spec.dtype]).element_size()
-    shapes = [(spec.widths[i] * spec.widths[i + 1], spec.widths[i + 1]) for i in range(spec.n_layers)]
-    total = 0
-    for i, (weight, bias) in enumerate(shapes):
-        for kind, elements in ((0, weight), (1, bias)):
-            trains = [masks_at(spec, k)[kind] is not None and not masks_at(spec, k)[kind][i]
-                      for k in range(1, iteration + 1)]
-            total += elements * size if trains[-1] and not any(trains[:-1]) else 0
-    return total
+def spec_at(spec: CaseSpec, iteration: int) -> CaseSpec:
+    """The case as the oracle sees iteration `iteration`: the trainable set in force then (a stack's masks, a model
+    family's groups as ModelConfig.trains), set before preparing and never changed (the same spec where the schedule
+    changes nothing by then)."""
+    if not spec.schedule or all(k > iteration for k, _ in spec.schedule):
+        return spec
+    if spec.model is not None:
+        model = dataclasses.replace(spec.model, trains=stages.trains_at(spec, iteration))
+        return spec.replace(model=model, freeze_timing="before", schedule=())
+    weights, biases = masks_at(spec, iteration)
+    return spec.replace(weight_frozen=weights, bias_frozen=biases, freeze_timing="before", schedule=())

@@ -17,7 +17,7 @@ from te_verify.checks.systematic import grad_scale
 from te_verify.checks.tolerances import Tolerance, TruthBound, derived_tolerance, tolerance_for, truth_bound
 from te_verify.checks.verdict import CheckFailures, Verdict, failed_messages
 from te_verify.checks.waste import waste_verdicts
-from te_verify.models.schedule import new_state_bytes
+from te_verify.models import new_state_bytes
 from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
 from te_verify.record import Record

@@ -9,9 +9,8 @@ import torch
 
 from te_verify.backends.base import Backend
 from te_verify.backends.compilations import count_compilations
-from te_verify.models.schedule import new_state_bytes
 from te_verify.models import (CaseInputs, apply_schedule, build_model, freeze, frozen_at_backward, make_inputs,
-                              unfreeze_all)
+                              new_state_bytes, unfreeze_all)
 from te_verify import training
 from te_verify.probes import dispatch
 from te_verify.probes.base import Probe

@@ -26,11 +26,11 @@ from te_verify.checks.state import output_parity, params_after_steps, state_left
 from te_verify.checks.systematic import grad_scale, resolution
 from te_verify.checks.te_claims import unclaimed_reason
 from te_verify.checks.te_compile import te_compile_verdicts
+from te_verify.models import new_state_bytes
 from te_verify.oracle.required import sites, te_sites
 from te_verify.checks.te_accumulation import FP8_SAVED, microbatch_waste
 from te_verify.checks.te_waste import te_waste
 from te_verify.checks.iterations import each_iteration
-from te_verify.models.schedule import new_state_bytes
 from te_verify.checks.tolerances import Tolerance, TruthBound, tolerance_for, truth_bound
 from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
