@@ -179,10 +179,9 @@ class TorchCompileTEBackend(TEEagerBackend):
         if te.module.startswith("ops_") or te.module in ("grouped_mlp", *NORM_MODULES, *MLP_MODULES):
             return (f"TE ships no compiled path for {te.module} (only te.Linear): Dynamo would trace its Python "
                     f"with a graph break at every tex call; nothing of TE's compile path to certify")
-        if spec.autocast and not te.recipe:
+        if spec.autocast:
             # Measured on torch 2.15 (te_autocast, acbf16): 8-10 GEMMs per case left unattributed, every layer's
-            # required GEMMs counted 0; the gradients are not what is unsupported, the waste probe is. Under an FP8
-            # recipe TE quantizes the fp32 Parameters themselves (no autocast copy), so those cases run.
+            # required GEMMs counted 0; the gradients are not what is unsupported, the waste probe is.
             return (f"te_verify's GEMM attribution cannot name the layer of a GEMM over torch.autocast's "
                     f"{spec.autocast} weight copies made inside the compiled graph (gemm_work would count every "
                     f"layer's GEMMs as unattributable); torch.autocast cases run on te_eager only")

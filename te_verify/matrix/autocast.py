@@ -45,8 +45,9 @@ def autocast_specs(tier: str) -> list[CaseSpec]:
 
 TE_FAMILY = "te_autocast"
 # FP8 recipes under the same autocast (TE quantizes the fp32 operands; its GEMMs emit bf16). The recipe is a pairwise
-# factor, so every pr spec of it is a case on each TE backend: pr holds one (delayed scaling, the alternating mask
-# without input grad: te_eager, thunder_te and torch_compile_te), nightly both tensor-scaled recipes over the masks.
+# factor, so a pr spec of it is a case on each TE backend: pr holds one (delayed scaling, the alternating mask without
+# input grad: te_eager and thunder_te; torch_compile_te skips autocast cases), nightly both tensor-scaled recipes over
+# the named masks.
 TE_FP8_RECIPES = ("delayed", "current")
 
 
