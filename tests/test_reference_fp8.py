@@ -64,3 +64,37 @@ def test_shapes_fp8_refuses_raise_like_te():
     assert_fp8_dims(torch.empty(16, 32))
     with pytest.raises(AssertionError, match="divisible by 8 and width divisible by 16"):
         assert_fp8_dims(torch.empty(16, 24))
+
+
+@pytest.mark.parametrize("margin", (0, 1))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_is_the_correctly_rounded_fp32_quotient(dtype, margin):
+    """TE's scale (recipe_common.cuh compute_scale_from_amax: `__fdiv_rn(max_fp8, amax)`; delayed scaling's update
+    `scaled_max / amax`) is one round-to-nearest fp32 division. The fp64 quotient rounded to fp32 is that division's
+    result (53 >= 2 x 24 + 2 bits). torch's `float / tensor` is a reciprocal times the float, two roundings, which
+    the reference once took and which misses the last bit of about one scale in five here."""
+    gen = torch.Generator().manual_seed(0)
+    amax = torch.exp(torch.randn(4096, generator=gen) * 4).float()
+    want = (FP8_MAX[dtype] / amax.double() / 2 ** margin).float()
+    assert torch.equal(scale_from_amax(amax, FP8_MAX[dtype], margin, torch.ones(())), want)
+
+
+def test_fp8_gemm_scales_the_sum_of_fp8_products():
+    """TE's FP8 GEMM (cuBLAS) sums the products of the FP8 values in fp32 and scales the sum by scale_inv_x x
+    scale_inv_w; under current scaling (scales no power of 2) dequantizing each operand first, as the reference once
+    did, rounds every element once more and differs in the last bits. Written from the recipe: each operand's scale
+    the fp32 quotient 448 / amax, the values torch's saturating cast."""
+    from te_verify.te import api as te_api
+
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(16, 64, generator=gen), torch.randn(32, 64, generator=gen) * 0.1
+    impl = te_api.quantized_reference()
+    with te_api.using(impl):
+        linear = impl.api.Linear(64, 32, bias=False, params_dtype=torch.float32, device="cpu")
+        with torch.no_grad():
+            linear.weight.copy_(w)
+        with impl.api.autocast(enabled=True, recipe=impl.api.Float8CurrentScaling()):
+            got = linear(x)
+    scales = [(448.0 / t.abs().max().double()).float() for t in (x, w)]
+    xq, wq = ((t * s).clamp(-448, 448).to(torch.float8_e4m3fn).float() for t, s in zip((x, w), scales))
+    assert torch.equal(got, (xq @ wq.t()) * (scales[0].reciprocal() * scales[1].reciprocal()))

@@ -13,7 +13,7 @@ from te_verify.probes import default_probes
 from te_verify.run.microbatch import run_mean_reduced
 from te_verify.te import api as te_api
 
-FIRST_TRAINED_NO_DGRAD, EVERY_COPY_FEEDS_DGRAD = te_autocast_specs("pr")
+FIRST_TRAINED_NO_DGRAD, EVERY_COPY_FEEDS_DGRAD = [s for s in te_autocast_specs("pr") if s.te.recipe is None]
 
 
 pytestmark = pytest.mark.usefixtures("te_python")  # TE's Python over the emulation (tests/conftest.py)
@@ -39,9 +39,9 @@ def test_every_kept_cast_feeding_a_dgrad_passes():
     assert saved.figures["saved_bytes_actual"] == saved.figures["saved_bytes_required"] > 0
 
 
-def _layer_step(impl) -> list:
-    """One TE Linear (fp32 parameters, bias) under torch.autocast(bf16) with delayed scaling on `impl`: the output and
-    the input, weight and bias gradients."""
+def _layer_step(impl, recipe: str) -> list:
+    """One TE Linear (fp32 parameters, bias) under torch.autocast(bf16) with `recipe` on `impl`: the output and the
+    input, weight and bias gradients."""
     torch.manual_seed(0)
     x, weight, bias = torch.randn(16, 64), torch.randn(128, 64) * 0.1, torch.randn(128) * 0.1
     grad = torch.randn(16, 128)
@@ -51,17 +51,19 @@ def _layer_step(impl) -> list:
             linear.weight.copy_(weight)
             linear.bias.copy_(bias)
         x.requires_grad_(True)
-        recipe = impl.api.DelayedScaling()
-        with torch.autocast("cpu", dtype=torch.bfloat16), impl.api.autocast(enabled=True, recipe=recipe):
+        with torch.autocast("cpu", dtype=torch.bfloat16), impl.api.autocast(enabled=True, recipe=getattr(impl.api, recipe)()):
             y = linear(x)
         y.backward(grad.to(y.dtype))
     return [y.detach(), x.grad, linear.weight.grad, linear.bias.grad]
 
 
-def test_fp8_under_autocast_te_and_its_reference_agree_bit_for_bit():
+@pytest.mark.parametrize("recipe", ("DelayedScaling", "Float8CurrentScaling"))
+def test_fp8_under_autocast_te_and_its_reference_agree_bit_for_bit(recipe):
     """TE quantizes the fp32 operands, emits bf16 from every GEMM (wgrad too) and adds the bias before the one
     rounding; the tex emulation's GEMM runs outside the caller's autocast (before, it multiplied in bf16 and rounded
-    the output twice: 0.27% normwise off the reference), and the reference's wgrad is emitted in bf16 (before: fp32)."""
-    got, want = _layer_step(te_api.active()), _layer_step(te_api.quantized_reference())
+    the output twice: 0.27% normwise off the reference), and the reference's wgrad is emitted in bf16 (before: fp32).
+    Current scaling: the reference's scale is TE's one fp32 division and its FP8 GEMM scales the sum of FP8 products
+    (before: a reciprocal times 448, and operands dequantized first; the last bits flipped bf16 roundings)."""
+    got, want = _layer_step(te_api.active(), recipe), _layer_step(te_api.quantized_reference(), recipe)
     for name, g, w in zip(("output", "input grad", "weight grad", "bias grad"), got, want):
         assert g.dtype == w.dtype and torch.equal(g, w), name

@@ -10,19 +10,22 @@ SDPA tests and Higham ch. 3): the truth is that quantized reference in exact ari
 same quantization, fp64 everywhere else), and a backend's normwise error against it may be at most TRUTH_FACTOR
 times the fp32 quantized reference's, never under the floor.
 
-The floor: TE's FP8 GEMM scales the fp32 sum of FP8 products by scale_inv_A x scale_inv_B (cuBLAS's alpha) where the
-reference dequantizes each operand before its GEMM (a few more roundings per element: the dequantization, the scale
-product, the scaling of the sum, the output's cast), compounded through the layers a gradient flows through; and a
-correct device sums in another order. FP8_FLOOR_ROUNDINGS unit roundoffs of the gradient's dtype (2^-20 in fp32)
-cover both with room: measured on the pr tier's FP8 te_eager cases (TE 2.20.2 over the tex emulation), the worst
-normwise error against the truth is 3.6e-7 (a LoRA Llama's norm weight, 0.2 of the bound); the reference with every
-forward GEMM summed in reverse order, over 124 nightly FP8 specs, reaches 0.3 of it. A wgrad 5% off is 5e-2 away.
+The floor: a correct device sums in another order, compounded through the layers a gradient flows through. (TE's FP8
+GEMM scales the fp32 sum of FP8 products by scale_inv_A x scale_inv_B, cuBLAS's alpha, and takes its scale as one fp32
+division; the reference does both since 2026-11-29, branch fp8ac: before, it dequantized each operand first and took
+448 / amax as a reciprocal times 448, a few more roundings the floor had to cover; the figures below are from then.)
+FP8_FLOOR_ROUNDINGS unit roundoffs of the gradient's dtype (2^-20 in fp32) cover it with room: measured on the pr
+tier's FP8 te_eager cases (TE 2.20.2 over the tex emulation), the worst normwise error against the truth is 3.6e-7 (a
+LoRA Llama's norm weight, 0.2 of the bound); the reference with every forward GEMM summed in reverse order, over 124
+nightly FP8 specs, reaches 0.3 of it. A wgrad 5% off is 5e-2 away.
 
-Not covered: a GPU whose FP8 forward GEMM accumulates in reduced precision (TE's DelayedScaling and
-Float8CurrentScaling run fprop without the split accumulator) can round a downstream activation to the neighbouring
-FP8 value where the reference does not; the wgrad that reads it then differs by up to a few percent (simulated with
-a 14-bit accumulator: 62 of the 93 FP8 specs of the pr matrix). Such a device needs the reference fed the device's
-own quantized operands per layer.
+Not covered: under torch.autocast (te_autocast) the GEMMs emit bf16, so a device summing in another order can flip
+a bf16 rounding, and downstream an FP8 one, by more than the fp32 floor; TE over the tex emulation equals the
+reference bit for bit there (tests/test_te_autocast.py), a GPU is unmeasured. Nor is a GPU whose FP8 forward GEMM
+accumulates in reduced precision (TE's DelayedScaling and Float8CurrentScaling run fprop without the split
+accumulator): it can round a downstream activation to the neighbouring FP8 value where the reference does not; the
+wgrad that reads it then differs by up to a few percent (simulated with a 14-bit accumulator: 62 of the 93 FP8 specs
+of the pr matrix). Such a device needs the reference fed the device's own quantized operands per layer.
 """
 from __future__ import annotations
 

@@ -44,18 +44,26 @@ def autocast_specs(tier: str) -> list[CaseSpec]:
 
 
 TE_FAMILY = "te_autocast"
+# FP8 recipes under the same autocast (TE quantizes the fp32 operands; its GEMMs emit bf16). The recipe is a pairwise
+# factor, so a pr spec of it is a case on each TE backend: pr holds one (delayed scaling, the alternating mask without
+# input grad: te_eager and thunder_te; torch_compile_te skips autocast cases), nightly both tensor-scaled recipes over
+# the named masks.
+TE_FP8_RECIPES = ("delayed", "current")
+
+
+def _te(mask: tuple[bool, ...], x_grad: bool, recipe: str | None = None) -> CaseSpec:
+    return CaseSpec(TE_FAMILY, NON_SQUARE4, mask, mask, x_grad, (16,), te=TEConfig(recipe=recipe), autocast="bf16")
 
 
 def te_autocast_specs(tier: str) -> list[CaseSpec]:
-    """TE Linears without an FP8 recipe under torch.autocast(bf16) over fp32 parameters: TE casts the weights and
-    inputs itself. FP8 recipes under autocast are not generated yet: te_verify.te.reference, which FP8 cases are judged
-    against, is held to TE under autocast in high precision only (docs/training.md)."""
+    """TE Linears under torch.autocast(bf16) over fp32 parameters, without an FP8 recipe (TE casts the weights and
+    inputs itself) and with delayed or current scaling (judged against te_verify.te.reference on the same FP8
+    operands, which follows TE's scale and GEMM definitions: docs/training.md)."""
     check_tier(tier)
     masks = named_masks(4)
-    pairs = (("alternating", False),) if tier == "smoke" else (("alternating", False), ("prefix", True))
-    specs = [CaseSpec(TE_FAMILY, NON_SQUARE4, masks[p], masks[p], x, (16,), te=TEConfig(), autocast="bf16")
-             for p, x in pairs]
+    if tier == "smoke":
+        return [_te(masks["alternating"], False)]
+    specs = [_te(masks["alternating"], False), _te(masks["prefix"], True), _te(masks["alternating"], False, "delayed")]
     if tier == "nightly":
-        specs += [CaseSpec(TE_FAMILY, NON_SQUARE4, m, m, x, (16,), te=TEConfig(), autocast="bf16")
-                  for m in masks.values() for x in (False, True)]
+        specs += [_te(m, x, r) for r in (None, *TE_FP8_RECIPES) for m in masks.values() for x in (False, True)]
     return dedupe(specs)

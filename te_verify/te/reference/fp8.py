@@ -16,7 +16,7 @@ from te_verify.te.fp8 import FP8_MAX, dequantize, fp8_dims_ok, quantize  # noqa:
 
 def scale_from_amax(amax: torch.Tensor, fp8_max: float, margin: int, previous: torch.Tensor) -> torch.Tensor:
     """TE's rule: (fp8_max / amax) / 2**margin; keep the previous scale when amax is 0 or not finite."""
-    scale = (fp8_max / amax) / (2.0 ** margin)
+    scale = (torch.tensor(fp8_max, dtype=amax.dtype, device=amax.device) / amax) / (2.0 ** margin)
     keep = (amax <= 0) | ~torch.isfinite(amax) | ~torch.isfinite(scale)
     return torch.where(keep, previous, scale)
 

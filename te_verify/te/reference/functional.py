@@ -16,7 +16,7 @@ import torch
 from te_verify.te.reference.autocast import get_fp8_recipe, is_fp8_enabled, note_forward_scaler
 from te_verify.te.reference.block_recipe import BlockScaler, is_block
 from te_verify.te.reference.fp8 import TensorScaler, assert_fp8_dims
-from te_verify.te.reference.gemm_log import bias_grad, fp8_operand, gemm, log_saved
+from te_verify.te.reference.gemm_log import Operand, bias_grad, fp8_operand, gemm, log_saved
 from te_verify.te.reference.recipe import Recipe
 
 
@@ -123,9 +123,9 @@ def _forward(state: LayerState, x: torch.Tensor, w: torch.Tensor, b: torch.Tenso
         x_si, w_si = (bx_si if need_wgrad else None), (bw_si if need_dgrad else None)
         gemm_fp8 = getattr(qx, "quantized", (True,))[0]  # a CustomRecipe may run fprop in high precision
     else:
-        x_op, w_op = x2d, w
+        x_op, w_op = Operand(x2d), Operand(w)
         saved_x, saved_w = (x2d if need_wgrad else None), (w if need_dgrad else None)
-    out = gemm(state.label, "fprop", x_op, w_op.t(), gemm_fp8)
+    out = scaled_gemm(state.label, "fprop", x_op, w_op.t(), gemm_fp8)
     if b is not None:
         out = out + epilogue_bias(b, fp8).to(out.dtype)  # TE casts by the autocast, not by the GEMM's operands
     if saved_x is not None:
@@ -146,8 +146,18 @@ def free(meta: torch.Tensor) -> None:
     meta.untyped_storage().resize_(0)
 
 
-def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> torch.Tensor:
-    return fp8_operand(saved, scale_inv) if fp8 else saved
+def _operand(saved: torch.Tensor, scale_inv: torch.Tensor | None, fp8: bool) -> Operand:
+    return fp8_operand(saved, scale_inv) if fp8 else Operand(saved)
+
+
+def scaled_gemm(layer: str, role: str, a: Operand, b: Operand, fp8: bool) -> torch.Tensor:
+    """a @ b as TE's GEMM computes it: the sum of the operands' values (functional.gemm, which tests may replace),
+    then scaled by the product of their per-tensor factors (cuBLAS's scale_inv_A x scale_inv_B), if any."""
+    out = gemm(layer, role, a.values, b.values, fp8)
+    factors = [f for f in (a.factor, b.factor) if f is not None]
+    if not factors:
+        return out
+    return out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
 
 
 def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
@@ -166,11 +176,11 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
         g_col = fp8_operand(*qg.backward_copy())
         scaler.update()
     else:
-        g_op = g_col = g2d
+        g_op = g_col = Operand(g2d)
     dgrad = wgrad = bgrad = None
     if need_dgrad:
         w_op = _operand(saved_w, w_si, fp8)
-        dgrad = gemm(state.label, "dgrad", g_op, w_op, fp8).to(grad_out.dtype)
+        dgrad = scaled_gemm(state.label, "dgrad", g_op, w_op, fp8).to(grad_out.dtype)
         dgrad = dgrad.reshape(*grad_out.shape[:-1], w_op.shape[1])
     if need_wgrad:
         x_op = _operand(saved_x, x_si, fp8)
@@ -183,9 +193,9 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
     return dgrad, wgrad, bgrad
 
 
-def wgrad_thunk(label: str, g_op: torch.Tensor, x_op: torch.Tensor, fp8: bool,
+def wgrad_thunk(label: str, g_op: Operand, x_op: Operand, fp8: bool,
                 out_dtype: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
     """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute), emitted in `out_dtype` if given."""
     if out_dtype is None:
-        return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8)
-    return lambda: gemm(label, "wgrad", g_op.t(), x_op, fp8).to(out_dtype)
+        return lambda: scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8)
+    return lambda: scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8).to(out_dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -100,10 +100,31 @@ def accumulating(dtype: torch.dtype) -> Iterator[None]:
         _ACCUMULATE.pop()
 
 
-def fp8_operand(data: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """FP8 data times its scale_inv in the accumulation dtype (in fp32 exactly te_verify.te.fp8.dequantize)."""
+class Operand(NamedTuple):
+    """A GEMM operand: its values, and the per-tensor factor the GEMM scales its sum by (None: no factor)."""
+
+    values: torch.Tensor
+    factor: torch.Tensor | None = None
+
+    def t(self) -> "Operand":
+        return Operand(self.values.t(), self.factor)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+
+def fp8_operand(data: torch.Tensor, scale_inv: torch.Tensor) -> Operand:
+    """An FP8 copy as TE's GEMM reads it, in the accumulation dtype. A per-tensor copy (0-d scale_inv): its FP8
+    values (exact in fp32), the scale_inv left as the factor of the sum, as cuBLAS's FP8 GEMM scales the fp32 sum of
+    FP8 products by scale_inv_A x scale_inv_B (TE's definition; the tex emulation's gemm.product). Dequantizing each
+    operand first rounds each element once more: with a scale that is no power of 2 (current scaling; delayed
+    scaling after its first update) the sums differ in fp32's last bit, and under torch.autocast that flips bf16
+    roundings, then FP8 ones downstream. A block-scaled copy (per-element scales): values times their scales."""
     dtype = accumulation_dtype()
-    return data.to(dtype) * scale_inv.to(dtype)
+    if scale_inv.dim() == 0:
+        return Operand(data.to(dtype), scale_inv.to(dtype))
+    return Operand(data.to(dtype) * scale_inv.to(dtype))
 
 
 def gemm(layer: str, role: str, a: torch.Tensor, b: torch.Tensor, fp8: bool) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Class attributes select labelled behaviours, so variants (freeing.py, planted faults in tests) are small
 subclasses: `free_saved_after_backward` (TE issue 990), `backward_dw_overwrites` (TE issue 3437),
-`backward_dw_empty_raises` (TE's WeightGradStore.pop on an empty queue), `contract_variant`.
+`backward_dw_empty_raises` (TE's WeightGradStore.pop on an empty queue), `contract_variant`, `wgrad_in_activation_dtype`
+(TE's wgrad GEMM emits the activation dtype).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class _LinearFunction(torch.autograd.Function):
         need_dgrad, need_wgrad, need_bgrad = ctx.needs
         delay = module.delay_wgrad_compute
         # TE's wgrad GEMM emits the activation dtype (grad_out's: bf16 under torch.autocast) unless fused into main_grad
-        out_dtype = None if module.fuse_wgrad_accumulation else grad_out.dtype
+        emits = module.wgrad_in_activation_dtype and not module.fuse_wgrad_accumulation
+        out_dtype = grad_out.dtype if emits else None
         dgrad, wgrad, bgrad = linear_backward(module.state, grad_out, ctx.saved_tensors,
                                               need_dgrad, need_wgrad, need_bgrad, defer_wgrad=delay,
                                               wgrad_dtype=out_dtype)
@@ -45,6 +47,7 @@ class Linear(torch.nn.Module):
     backward_dw_overwrites = False
     backward_dw_empty_raises = False
     contract_variant = "intended"
+    wgrad_in_activation_dtype = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  params_dtype: torch.dtype | None = None, fuse_wgrad_accumulation: bool = False,
