@@ -9,6 +9,8 @@ raises as TE does.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from typing import Callable, Iterator
 
 import torch
@@ -155,9 +157,7 @@ def scaled_gemm(layer: str, role: str, a: Operand, b: Operand, fp8: bool) -> tor
     then scaled by the product of their per-tensor factors (cuBLAS's scale_inv_A x scale_inv_B), if any."""
     out = gemm(layer, role, a.values, b.values, fp8)
     factors = [f for f in (a.factor, b.factor) if f is not None]
-    if not factors:
-        return out
-    return out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
+    return out * functools.reduce(operator.mul, factors) if factors else out
 
 
 def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, need_dgrad: bool, need_wgrad: bool,
@@ -196,6 +196,7 @@ def linear_backward(state: LayerState, grad_out: torch.Tensor, saved: tuple, nee
 def wgrad_thunk(label: str, g_op: Operand, x_op: Operand, fp8: bool,
                 out_dtype: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
     """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute), emitted in `out_dtype` if given."""
-    if out_dtype is None:
-        return lambda: scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8)
-    return lambda: scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8).to(out_dtype)
+    def run() -> torch.Tensor:
+        out = scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8)
+        return out if out_dtype is None else out.to(out_dtype)
+    return run
