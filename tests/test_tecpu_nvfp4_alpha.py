@@ -16,8 +16,11 @@ ALPHA = float.fromhex("0x1.50b07ap-19")
 
 
 def one_by_one(amax: torch.Tensor) -> gemm.Operand:
-    """A 1x1 NVFP4 operand whose block-scaled value is 1, with its amax, as block_quantize.gemm_operand gives it."""
-    return torch.ones(1, 1, dtype=FP32), amax, "NVFP4Quantizer"
+    """A 1x16 NVFP4 operand (one K block) whose block-scaled values are 1, 0, ..., 0, with its amax, as
+    block_quantize.gemm_operand gives it: the GEMM of two is 1 times alpha."""
+    values = torch.zeros(1, nvfp4.BLOCK, dtype=FP32)
+    values[0, 0] = 1.0
+    return values, amax, "NVFP4Quantizer"
 
 
 def alpha_failures() -> list[str]:

@@ -133,6 +133,32 @@ def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
     return one * amax_a.float().reshape(()) * amax_b.float().reshape(()) * RCP_GEMM
 
 
+# Block partials computed at once, at most this many fp32 elements (the sum itself stays in K order).
+PARTIALS_CHUNK_ELEMENTS = 1 << 25
+
+
+def block_ordered_matmul(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """b (M, K) @ a (K, N) of block-scaled E2M1 products (q * s_b) summed as TE's reference NVFP4 GEMM says the
+    tensor core sums them (custom_recipes/reference_nvfp4.py qgemm): each 16-long block of K's inner product in
+    fp32, the blocks added to an fp32 accumulator one after another in K order. A block's inner product is exact
+    (s_x * s_w has at most 8 significant bits, the sum of 16 E2M1 products at most 12), so only the order across
+    blocks rounds; one matmul over K sums in its own order and moves the last bit of most outputs (TE's module
+    tests hold 1e-6: dgrad and wgrad of 512-wide layers failed)."""
+    m, k = b.shape
+    n = a.shape[1]
+    if k % BLOCK:
+        raise RuntimeError(f"NVFP4 GEMM: K={k} is not a multiple of {BLOCK}")
+    groups = k // BLOCK
+    b_blocks = b.reshape(m, groups, BLOCK).transpose(0, 1)  # (G, M, 16)
+    a_blocks = a.reshape(groups, BLOCK, n)  # (G, 16, N)
+    out = torch.zeros(m, n, dtype=torch.float32, device=b.device)
+    step = max(1, PARTIALS_CHUNK_ELEMENTS // max(1, m * n))
+    for start in range(0, groups, step):
+        for partial in torch.bmm(b_blocks[start:start + step], a_blocks[start:start + step]):
+            out += partial
+    return out
+
+
 def hadamard(x_t: torch.Tensor, rht_matrix: torch.Tensor) -> torch.Tensor:
     """The RHT of the transposed bf16 input (K, M): 16-element runs of each row times rht_matrix, fp32 -> bf16."""
     out = x_t.float().reshape(-1, BLOCK) @ rht_matrix.float()
