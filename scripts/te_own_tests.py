@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import signal
@@ -32,10 +33,14 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
     """TE test files in one nice'd pytest process; returns its JUnit XML path.
 
     At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
-    JUnit XML of the tests it finished (a kill would lose the whole file's results)."""
+    JUnit XML of the tests it finished; a process killed before its XML still leaves the shim's progress file (every
+    finished test, written as it ends; outcomes() reads it)."""
     stem = names[0].replace("/", "__") + (f"+{len(names) - 1}" if len(names) > 1 else "")
     xml = out / (stem + ".xml")
+    progress = xml.with_suffix(".progress.jsonl")
+    progress.unlink(missing_ok=True)
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
+               TE_OWN_TESTS_PROGRESS=str(progress),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
     command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
                "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
@@ -57,9 +62,10 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
 
 
 def outcomes(xml: Path) -> list[tuple[str, str, str]]:
-    """(test id, outcome, the error's first line) per test case of a JUnit XML file."""
+    """(test id, outcome, the error's first line) per test case of a JUnit XML file; where the process died before
+    writing it, from the shim's progress file beside it (every test that finished)."""
     if not xml.exists():
-        return []
+        return progress_outcomes(xml.with_suffix(".progress.jsonl"))
     rows = []
     for case in ET.parse(xml).getroot().iter("testcase"):
         test_id = f"{case.get('classname')}::{case.get('name')}"
@@ -71,6 +77,29 @@ def outcomes(xml: Path) -> list[tuple[str, str, str]]:
         else:
             rows.append((test_id, "passed", ""))
     return rows
+
+
+def progress_outcomes(progress: Path) -> list[tuple[str, str, str]]:
+    """(test id as JUnit writes it, outcome, the error's first line) per test of the shim's progress file: failed if
+    any phase failed, skipped if one skipped, else passed; [] when there is none."""
+    if not progress.exists():
+        return []
+    tests: dict[str, tuple[str, str]] = {}
+    for line in progress.read_text().splitlines():
+        try:
+            phase = json.loads(line)
+        except json.JSONDecodeError:  # the line being written when the process was killed
+            continue
+        outcome = {"passed": "passed", "skipped": "skipped"}.get(phase["outcome"], "failed")
+        if tests.get(phase["nodeid"], ("passed",))[0] != "failed":
+            tests[phase["nodeid"]] = (outcome, _first_line(phase["message"]) if outcome != "passed" else "")
+    return [(_junit_id(nodeid), outcome, cause) for nodeid, (outcome, cause) in tests.items()]
+
+
+def _junit_id(nodeid: str) -> str:
+    """pytest's node id (nvfp4/test_x.py::TestA::test_b[1]) as JUnit's classname::name (nvfp4.test_x.TestA::test_b[1])."""
+    path, *classes, name = nodeid.split("::")
+    return "::".join([".".join([path.removesuffix(".py").replace("/", "."), *classes]), name])
 
 
 def in_file(test_id: str, name: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
+import json
 import importlib.util
 import os
 import sys
@@ -21,6 +22,9 @@ from te_verify.te.tecpu import cuda, rewrite
 
 TESTS_DIR_ENV = "TE_OWN_TESTS_DIR"
 CAPABILITY_ENV = "TE_OWN_TESTS_CAPABILITY"
+# A JSON-lines file each finished test phase is appended to as it ends: what a process killed before its JUnit XML
+# (a torch op in flight at the runner's time limit) still tells.
+PROGRESS_ENV = "TE_OWN_TESTS_PROGRESS"
 
 
 class CudaStrings(ast.NodeTransformer):
@@ -68,3 +72,21 @@ def pytest_configure(config) -> None:
         raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
     tecpu.boot(os.environ.get(CAPABILITY_ENV, "sm100"))
     sys.meta_path.insert(0, TestsFinder(root))
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Append the phase's outcome (nodeid, phase, outcome, its error's message as JUnit keeps it) to the progress
+    file, one flushed line; passed set-ups and teardowns are left out."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path or (report.passed and report.when != "call"):
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        message = crash.message
+    elif isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+        message = report.longrepr[2]
+    else:
+        message = str(report.longrepr or "")
+    with open(path, "a") as progress:
+        progress.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                                   "message": message}) + "\n")

@@ -34,3 +34,47 @@ def test_rows_split_per_file(tmp_path: Path) -> None:
 
 def test_missing_xml_reports_nothing(tmp_path: Path) -> None:
     assert runner.outcomes(tmp_path / "absent.xml") == []  # a process killed before writing: no verdict
+
+
+SHIM = Path(__file__).resolve().parent.parent / "scripts" / "te_own_tests_shim.py"
+
+
+class Crash:
+    """A failed phase's longrepr as pytest gives it: its crash line is what JUnit's message holds."""
+
+    def __init__(self, message: str) -> None:
+        self.reprcrash = type("ReprCrash", (), {"message": message})()
+
+
+def phase(nodeid: str, when: str, outcome: str, longrepr=None):
+    return type("Report", (), {"nodeid": nodeid, "when": when, "outcome": outcome, "longrepr": longrepr,
+                               "passed": outcome == "passed", "skipped": outcome == "skipped"})()
+
+
+def test_a_process_killed_before_its_xml_still_counts_what_finished(tmp_path: Path, monkeypatch) -> None:
+    """The shim's progress file, written as each test ends, stands in for the XML a killed process never wrote."""
+    shim = load_file(SHIM, "te_own_tests_shim_progress")
+    xml = tmp_path / "nvfp4__test_nvfp4_module_exact.py.xml"
+    monkeypatch.setenv(shim.PROGRESS_ENV, str(xml.with_suffix(".progress.jsonl")))
+    module = "nvfp4/test_nvfp4_module_exact.py"
+    for report in (phase(f"{module}::test_a[512]", "setup", "passed"),  # left out: a passed set-up
+                   phase(f"{module}::test_a[512]", "call", "failed", Crash("AssertionError: mismatch at step 2")),
+                   phase(f"{module}::test_b[fp32]", "setup", "skipped", ("x.py", 1, "Skipped: RHT needs bf16")),
+                   phase(f"{module}::TestC::test_c", "call", "passed"),
+                   phase(f"{module}::TestC::test_c", "teardown", "failed", Crash("RuntimeError: leak 1"))):
+        shim.pytest_runtest_logreport(report)
+    with open(xml.with_suffix(".progress.jsonl"), "a") as progress:
+        progress.write('{"nodeid": "nvfp4/test_nvfp4_module_exact.py::test_d", "wh')  # the kill's torn line
+    rows = runner.outcomes(xml)
+    assert rows == [("nvfp4.test_nvfp4_module_exact::test_a[512]", "failed", "AssertionError: mismatch at step N"),
+                    ("nvfp4.test_nvfp4_module_exact::test_b[fp32]", "skipped", "Skipped: RHT needs bfN"),
+                    ("nvfp4.test_nvfp4_module_exact.TestC::test_c", "failed", "RuntimeError: leak N")]
+    assert all(runner.in_file(test_id, module) for test_id, _, _ in rows)
+
+
+def test_the_xml_wins_over_the_progress_file(tmp_path: Path) -> None:
+    xml = tmp_path / "run.xml"
+    xml.write_text(XML)
+    xml.with_suffix(".progress.jsonl").write_text('{"nodeid": "x.py::t", "when": "call", "outcome": "failed", '
+                                                  '"message": "stale"}\n')
+    assert len(runner.outcomes(xml)) == 5
