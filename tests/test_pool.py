@@ -41,6 +41,28 @@ def kill_rank_1(rank: int, world_size: int, payload) -> str:
     return "done"
 
 
+def sleep_s(rank: int, world_size: int, seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+@pytest.mark.system
+def test_a_stacks_first_case_in_a_pool_may_also_take_its_import_time_and_only_the_first():
+    """A case that imports its engine's stack in the ranks (TE over the emulation, Megatron: over 60 s on a loaded
+    machine) is not hung for it; the allowance is once per stack and pool. Planted: the same slow case without it."""
+    pool = RankPool(world_size=2, case_timeout_s=2.0)
+    try:
+        pool.run(sleep_s, 0.0, imports="this module")  # the ranks import this file
+        assert pool.run(sleep_s, 4.0, imports="engine").results == ["done", "done"]
+        with pytest.raises(RankFailure, match=r"hung \(no reply within 2 s\)"):
+            pool.run(sleep_s, 4.0, imports="engine")
+        pool.run(sleep_s, 0.0, imports="this module")  # a fresh pool: its ranks import again
+        with pytest.raises(RankFailure, match=r"hung \(no reply within 2 s\)"):
+            pool.run(sleep_s, 4.0)
+    finally:
+        pool.close(graceful=True)
+
+
 @pytest.fixture(scope="module")
 def pool():
     pool = RankPool(world_size=2, case_timeout_s=30.0)

@@ -372,7 +372,8 @@ def verify_dist(spec: CaseSpec, pool: RankPool, figures: dict, wrap: Callable | 
         for step in trainer.steps + (trainer.cpu_steps if pool.device == "cpu" else ()):
             record(step)
     wrap = wrap or REGISTERED.get(spec.dist.wrapper)  # a user's declared wrapper, loaded again in each rank
-    result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool))
+    result = pool.run(run_dist_case, DistCase(spec, wrap), timeout_s or case_timeout(spec, pool),
+                      imports=spec.dist.wrapper)
     figures.update(rank_peaks(result))
     figures["overhead_s"] = result.overhead_s
     figures.update(pool.overhead_figures())

@@ -108,6 +108,10 @@ class RankPool:
     case_timeout_s: float = 60.0
     # Time allowed for all ranks to start and rendezvous.
     start_timeout_s: float = 120.0
+    # What the running ranks have imported (a wrapper's or engine's name): a name's first case in a pool may also
+    # take start_timeout_s, the time to import its stack (TE over the emulation, Megatron, DeepSpeed: over 60 s in
+    # the ranks of a loaded 2-core machine), which is not the case's own time.
+    imported: set = field(default_factory=set)
     # Per-case pool overheads measured so far (seconds), for the median/max figures.
     overheads: list[float] = field(default_factory=list)
     # How many times a pool was started (1 + rebuilds).
@@ -155,20 +159,29 @@ class RankPool:
             self._procs.append(proc)
             self._conns.append(parent)
         self.starts += 1
+        self.imported = set()
         replies = self._collect(self.start_timeout_s, "pool start")
         if any(r.error for r in replies.values()):
             failure = "; ".join(f"rank {r}: {rep.error}" for r, rep in replies.items() if rep.error)
             self.close()
             raise RankFailure(f"pool start failed: {failure}")
 
-    def run(self, fn: Callable[[int, int, Any], Any], payload: Any, timeout_s: float | None = None) -> PoolResult:
-        """Run fn(rank, world_size, payload) on every rank; RankFailure (pool rebuilt next time) on hang/crash."""
+    def run(self, fn: Callable[[int, int, Any], Any], payload: Any, timeout_s: float | None = None,
+            imports: str | None = None) -> PoolResult:
+        """Run fn(rank, world_size, payload) on every rank; RankFailure (pool rebuilt next time) on hang/crash.
+        `imports` names the stack the case imports in the ranks: its first case in this pool gets start_timeout_s
+        more."""
         self.start()
         began = time.perf_counter()
         message = worker.CaseMessage(fn, payload, sys_path=_sys_path())
         for conn in self._conns:
             worker.send(conn, message)
-        replies = self._collect(timeout_s or self.case_timeout_s, _describe(fn, payload))
+        limit = timeout_s or self.case_timeout_s
+        if imports is not None and imports not in self.imported:
+            limit += self.start_timeout_s
+        replies = self._collect(limit, _describe(fn, payload))
+        if imports is not None:
+            self.imported.add(imports)
         wall = time.perf_counter() - began
         errors = {r: rep.error for r, rep in replies.items() if rep.error}
         if errors and len(errors) < self.world_size:
