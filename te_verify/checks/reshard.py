@@ -27,6 +27,8 @@ class LayerInfo:
     input_needs_grad: bool
     # Does backward run its forward again (activation recompute: a checkpointed block whose backward runs)?
     recomputed: bool = False
+    # The element count of each of its parameters, in registration order (a flattening wrapper's layout pads them).
+    numels: tuple[int, ...] = ()
 
     @property
     def needed_in_backward(self) -> bool:

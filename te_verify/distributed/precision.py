@@ -17,6 +17,7 @@ from te_verify.checks.collectives import Collective, ParamInfo
 from te_verify.checks.reshard import LayerInfo
 from te_verify.checks.tolerances import TRUTH_FACTOR, UNIT_ROUNDOFF, TruthBound
 from te_verify.checks.verdict import Verdict
+from te_verify.distributed.flat_layout import LAYOUTS
 from te_verify.distributed.policy import TORCH_DTYPES, has_policy, policy_dtypes
 from te_verify.distributed.rank.training import eager_trajectory
 from te_verify.distributed.schedule import reference_iterations
@@ -73,14 +74,23 @@ def policy_collectives(spec: CaseSpec, ranks: dict[int, list[Collective]],
 
 
 def gathered_layers(spec: CaseSpec, layers: list[LayerInfo]) -> list[LayerInfo]:
-    """The layers' bytes as a sharding wrapper gathers them under the policy: in its param dtype (FSDP1/FSDP2 gather
-    the cast parameters, DeepSpeed and Megatron-FSDP hold them in it), not in the spec's fp32, so that gathered_peak's
-    required figure is the bytes of as many layers as it needs; `layers` as they are without a param dtype."""
+    """The layers' bytes as a sharding wrapper gathers them: in its param dtype under a policy (FSDP1/FSDP2 gather
+    the cast parameters, DeepSpeed and Megatron-FSDP hold them in it), not in the spec's fp32, and laid out as the
+    wrapper flattens a unit (flat_layout.LAYOUTS: FSDP1's alignment padding), so that gathered_peak's required figure
+    is the bytes of as many layers as it needs; `layers` as they are where neither applies."""
     param = policy_dtypes(spec)[0] if has_policy(spec) else None
-    if param is None:
+    layout = LAYOUTS.get(spec.dist.wrapper)
+    if param is None and layout is None:
         return layers
     size = TORCH_DTYPES[spec.dtype].itemsize
-    return [dataclasses.replace(layer, nbytes=layer.nbytes // size * param.itemsize) for layer in layers]
+    itemsize = param.itemsize if param is not None else size
+
+    def gathered(layer: LayerInfo) -> int:
+        if layout is not None and layer.numels:
+            return layout(layer.numels, itemsize, spec.dist.world_size)
+        return layer.nbytes // size * itemsize
+
+    return [dataclasses.replace(layer, nbytes=gathered(layer)) for layer in layers]
 
 
 def start_of(spec: CaseSpec) -> torch.dtype | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import Callable
 
@@ -93,13 +94,15 @@ def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
         for unit in units_of(frozen_at_backward(spec, CPU), spec):
             ps = list(unit.parameters())
             trains = any(p.requires_grad for p in ps)
-            infos.append(LayerInfo(sum(p.numel() * p.element_size() for p in ps), trains, upstream))
+            infos.append(LayerInfo(sum(p.numel() * p.element_size() for p in ps), trains, upstream,
+                                   numels=tuple(p.numel() for p in ps)))
             upstream = upstream or trains
         return infos
     weights, biases = trainable_masks(spec)
     layer_bytes = [sum(p.nbytes for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
     recomputed = {s.layer for s in recomputed_sites(spec, sites(spec))}  # their forward runs in backward again
-    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs, k in recomputed)
+    numels = [tuple(math.prod(p.shape) for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
+    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs, k in recomputed, numels[k])
             for k, needs in enumerate(input_needs_grad(spec))]
 
 

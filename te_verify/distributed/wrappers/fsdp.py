@@ -1,4 +1,4 @@
-"""FSDP1: one unit per layer or block, use_orig_params, on the rank's device."""
+"""FSDP1: one unit per layer or block, use_orig_params, on the rank's device (its gathered layout: flat_layout)."""
 from __future__ import annotations
 
 import torch
