@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import json
 import importlib.util
+import json
 import os
 import sys
 import types

@@ -99,10 +99,10 @@ def layer_infos(spec: CaseSpec, params: list[ParamInfo]) -> list[LayerInfo]:
             upstream = upstream or trains
         return infos
     weights, biases = trainable_masks(spec)
-    layer_bytes = [sum(p.nbytes for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
+    by_layer = [[p for p in params if p.name.split(".")[0] == str(k)] for k in range(spec.n_layers)]
     recomputed = {s.layer for s in recomputed_sites(spec, sites(spec))}  # their forward runs in backward again
-    numels = [tuple(math.prod(p.shape) for p in params if p.name.split(".")[0] == str(k)) for k in range(spec.n_layers)]
-    return [LayerInfo(layer_bytes[k], weights[k] or biases[k], needs, k in recomputed, numels[k])
+    return [LayerInfo(sum(p.nbytes for p in by_layer[k]), weights[k] or biases[k], needs, k in recomputed,
+                      tuple(math.prod(p.shape) for p in by_layer[k]))
             for k, needs in enumerate(input_needs_grad(spec))]
 
 

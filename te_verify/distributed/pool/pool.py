@@ -111,7 +111,7 @@ class RankPool:
     # What the running ranks have imported (a wrapper's or engine's name): a name's first case in a pool may also
     # take start_timeout_s, the time to import its stack (TE over the emulation, Megatron, DeepSpeed: over 60 s in
     # the ranks of a loaded 2-core machine), which is not the case's own time.
-    imported: set = field(default_factory=set)
+    imported: set[str] = field(default_factory=set)
     # Per-case pool overheads measured so far (seconds), for the median/max figures.
     overheads: list[float] = field(default_factory=list)
     # How many times a pool was started (1 + rebuilds).

@@ -102,11 +102,13 @@ def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.T
         _check_fp8_ld(a, b, transa, transb)
     opa = a.float().t() if transa else a.float()
     opb = b.float().t() if transb else b.float()
-    with torch.autocast(opa.device.type, enabled=False):  # cuBLAS is no aten op: a caller's torch.autocast never
-        # reaches it (under one, this matmul ran in bf16 and the bias epilogue rounded twice)
-        if a_format == "NVFP4Quantizer":
-            return nvfp4.block_ordered_matmul(opb, opa) * nvfp4.gemm_alpha(a_si, b_si)
-        result = opb @ opa
+    nvfp4_gemm = a_format == "NVFP4Quantizer"
+    # cuBLAS is no aten op: a caller's torch.autocast never reaches it (under one, this matmul ran in bf16 and the bias
+    # epilogue rounded twice).
+    with torch.autocast(opa.device.type, enabled=False):
+        result = nvfp4.block_ordered_matmul(opb, opa) if nvfp4_gemm else opb @ opa
+    if nvfp4_gemm:
+        return result * nvfp4.gemm_alpha(a_si, b_si)
     return result * (a_si * b_si) if a_si is not None else result
 
 
