@@ -1,7 +1,7 @@
-"""GEMMs over views of a weight's copies are that weight's layer's, in the role the copy's axes show (probes.dispatch
-root_view, probes.weight_axes): issue 36's float64 linear, whose dgrad at LitGPT's fused-qkv LoRA A ran as a bmm over
-a broadcast of the fp64 weight copy (matmul's path for a transposed output gradient) and was "0 dgrad GEMM, 1
-required"; and a recomputed fprop over a square weight's copy, which the shapes cannot tell from a dgrad."""
+"""GEMMs over views of a weight's copies are that weight's layer's, in the role the copy's axes show
+(probes.storage_keys root_view, probes.weight_axes): issue 36's float64 linear, whose dgrad at LitGPT's fused-qkv LoRA A
+ran as a bmm over a broadcast of the fp64 weight copy (matmul's path for a transposed output gradient) and was "0 dgrad
+GEMM, 1 required"; and a recomputed fprop over a square weight's copy, which the shapes cannot tell from a dgrad."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Weights flattened into one buffer are still one layer each (probes.dispatch.Watcher.weight_layer_of): DeepSpeed
+"""Weights flattened into one buffer are still one layer each (probes.watcher.Watcher.weight_layer_of): DeepSpeed
 ZeRO-1/2 make every trainable Parameter a view of one flat buffer, so their storage names no layer; under a checkpoint
 backward multiplies detached views of them (no Parameter behind). Before the exact-view key every such GEMM read as
 the last flattened layer's ("layer 3: 3 fprop GEMM, 1 required", dist_recompute on ZeRO-1, 2026-11-29)."""

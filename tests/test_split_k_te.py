@@ -81,7 +81,7 @@ def test_fp8_gemms_run_on_dequantized_copies_fail_on_operand_bytes_alone():
 
 def _te_lane(folder, te_impl: str) -> dict[str, dict]:
     # te_autocast's cases included: a slice of autocast's bf16 weight copy leads back to the weight (a copy's views
-    # are rooted by its storage: probes.dispatch root_view).
+    # are rooted by its storage: probes.storage_keys root_view).
     proc = run_pytest("cases", "--tier", PROOF_TIER, "--backend", "te_eager", "--te-impl", te_impl, "-n", PROOF_WORKERS,
                       "--report-dir", str(folder))
     assert proc.returncode == 0, proc.stdout[-3000:]

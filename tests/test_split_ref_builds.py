@@ -2,7 +2,7 @@
 another way by planted_ref_gemms): split along K over slices of the operands and their FP8 copies with fp32 partial
 sums, split along N, over transposed copies. Each spends every layer's FLOPs once, so every TE-lane case gets the
 unsplit build's outcome and the same verdict of every check (attribution through views and slices of copies:
-probes.dispatch root_view, probes.weight_axes); a build running every GEMM's first half once more fails gemm work
+probes.storage_keys root_view, probes.weight_axes); a build running every GEMM's first half once more fails gemm work
 naming the layer and role."""
 from __future__ import annotations
 

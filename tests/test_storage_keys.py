@@ -1,5 +1,5 @@
-"""Storage keys never alias (probes.dispatch): a buffer no dispatched op allocated (inductor's, allocated in C++) that
-takes the address of a dead one gets a key of its own, however it is first keyed, so GEMM attribution never hangs
+"""Storage keys never alias (probes.storage_keys): a buffer no dispatched op allocated (inductor's, allocated in C++)
+that takes the address of a dead one gets a key of its own, however it is first keyed, so GEMM attribution never hangs
 on where the allocator put a buffer (te_verify issue 26: a te_lora case under torch_compile_te_inductor lost
 blocks.0.attn.v.lora_a's wgrad in some runs and in some case orders). Buffers here are numpy-backed: each
 torch.from_numpy of one array is a new storage object at the same address, as a reused buffer is, every run."""

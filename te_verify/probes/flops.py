@@ -1,6 +1,6 @@
 """GEMMs and FLOPs by phase (forward/backward pass k), role (fprop/dgrad/wgrad) and layer.
 
-Counts every GEMM-family aten op (dispatch.GEMM_OPERANDS: mm, addmm, bmm, baddbmm, addbmm, mv, addmv,
+Counts every GEMM-family aten op (gemm_ops.GEMM_OPERANDS: mm, addmm, bmm, baddbmm, addbmm, mv, addmv,
 _addmm_activation, _scaled_mm, in-place and out= variants included), and the convolutions that are GEMMs
 (probes.conv_gemms: LitGPT's fused-qkv LoRA B), as they run on real tensors (the shared Watcher in dispatch.py;
 FLOPs with the formula of torch.utils.flop_counter: 2*m*k*n per GEMM, bias adds not counted), so it sees eager,
@@ -35,8 +35,8 @@ import torch
 
 from te_verify.oracle.sites import linear_weights
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import Watcher
 from te_verify.probes.layer_map import LayerMap, only
+from te_verify.probes.watcher import Watcher, fingerprint
 from te_verify.probes.weight_axes import contracts_in
 
 
@@ -99,7 +99,7 @@ def note_gemm(watcher: Watcher, phase: str, pass_index: int, func: Any, operands
         weight_layer = weight_layer if weight_layer is not None else layer
         # A copy's data differs from its source's by design; an operand itself must still hold the input's data.
         as_is = root == watcher.view_key(t)
-        data = dispatch.fingerprint(t) if phase != "forward" and as_is else None
+        data = fingerprint(t) if phase != "forward" and as_is else None
         readers = watcher.layers.layers_of_input_view(root, data)
         if not readers and phase != "forward":  # a slice of an input, or a cast of one (split-K's wgrad over rows)
             readers = watcher.input_layers_overlapping(t)
@@ -175,7 +175,7 @@ class GemmProbe:
     name = "gemms"
 
     def __init__(self, follow_copies: bool = False) -> None:
-        # follow_copies: attribute GEMMs on copies of weights and activations (dispatch.Watcher.follow_copies).
+        # follow_copies: attribute GEMMs on copies of weights and activations (watcher.Watcher.follow_copies).
         self.follow_copies = follow_copies
         # What each GEMM looked like while it ran; roles and layers are decided once the run is over.
         self._raw: list[RawGemm] = []

@@ -1,5 +1,5 @@
 """The layers of a probed run as its forward GEMMs show them: each layer's weight storage, its input views and their
-data, what fed it. Built by the dispatch watcher (probes.dispatch) and read by the probes that attribute GEMMs and
+data, what fed it. Built by the dispatch watcher (probes.watcher) and read by the probes that attribute GEMMs and
 saved tensors to layers."""
 from __future__ import annotations
 

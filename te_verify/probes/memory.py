@@ -21,7 +21,7 @@ import torch
 
 from te_verify import device as run_device
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import Watcher
+from te_verify.probes.watcher import Watcher
 
 
 class PeakMemoryProbe:

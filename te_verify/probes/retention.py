@@ -31,7 +31,8 @@ import torch
 from te_verify import device as run_device
 from te_verify.models import CaseInputs
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import _data_ptr
+from te_verify.probes.storage_keys import _data_ptr
+from te_verify.probes.watcher import Watcher
 
 SETTLE_LOOKS = 4  # gc, then up to three short waits for a communication thread's release
 SETTLE_WAIT_S = 0.02
@@ -97,7 +98,7 @@ class Retention:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.device = run_device.active()
-        self._watcher: dispatch.Watcher | None = None
+        self._watcher: Watcher | None = None
 
     def __enter__(self) -> "Retention":
         if self.enabled and self.device.type != "cuda":

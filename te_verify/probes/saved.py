@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from te_verify.probes import dispatch
-from te_verify.probes.dispatch import Watcher, is_real
 from te_verify.probes.layer_map import LayerMap
+from te_verify.probes.storage_keys import is_real, param_of
+from te_verify.probes.watcher import Watcher, fingerprint
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,8 @@ class SavedTensorsProbe:
             storage = t.untyped_storage()
             key = self._watcher.key(t)
             root = self._watcher.root_view(t) if self._watcher.follow_copies else ()
-            new = type(key) is int and dispatch.param_of(t) is None  # a Parameter is model state wherever it lives
-            view, print_ = (self._watcher.view_key(t), dispatch.fingerprint(t)) if new else ((), None)
+            new = type(key) is int and param_of(t) is None  # a Parameter is model state wherever it lives
+            view, print_ = (self._watcher.view_key(t), fingerprint(t)) if new else ((), None)
             self._raw.append((key, new, storage.nbytes(), t.numel() * t.element_size(), tuple(t.shape), t.dtype, root,
                               view, print_, self._alive is None))
         return t

@@ -87,7 +87,7 @@ class TexGemmProbe:
         self.param_layers: dict[RootKey, str] = {}
         self._model: torch.nn.Module | None = None
         # Operands that are aten copies (TE's casts under torch.autocast) lead back to what they copy
-        # (dispatch.Watcher.follow_copies), as TE's own quantized copies do through the tex record.
+        # (watcher.Watcher.follow_copies), as TE's own quantized copies do through the tex record.
         self.follow_copies = follow_copies
 
     def again(self) -> "TexGemmProbe":
