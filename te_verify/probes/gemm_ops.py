@@ -15,7 +15,6 @@ GEMM_OPERANDS: dict[Any, tuple[int, int]] = {
     aten.baddbmm_: (1, 2), aten.addbmm: (1, 2), aten.addbmm_: (1, 2), aten._addmm_activation: (1, 2),
     aten.mv: (0, 1), aten.addmv: (1, 2), aten.addmv_: (1, 2), aten._scaled_mm: (0, 1), aten._int_mm: (0, 1),
 }
-GEMM_OPS = frozenset(GEMM_OPERANDS)
 
 
 def gemm_flops(a: torch.Tensor, b: torch.Tensor) -> int:

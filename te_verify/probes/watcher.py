@@ -37,7 +37,7 @@ def fingerprint(t: torch.Tensor) -> float:
 # What an op's outputs are, from its schema, cached per op (see _op_info): bit flags.
 _FRESH = 1  # no return aliases an argument: every output storage is a new allocation (or an old one of ours)
 _SCAN = 2  # some return may alias an argument: an output is new only if no argument shares its storage
-_GEMM = 4  # one of GEMM_OPS: learn layers and tell the listeners
+_GEMM = 4  # one of GEMM_OPERANDS: learn layers and tell the listeners
 _CONV = 8  # a convolution or its backward: the ones that are GEMMs tell the listeners (probes.conv_gemms)
 # id(op) -> (flags, the op's C++ callable, a GEMM's operand positions); ids are stable because _KNOWN_OPS keeps
 # every op alive.
