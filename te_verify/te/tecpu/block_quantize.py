@@ -131,7 +131,7 @@ def _fp8_values(t: Any, columnwise: bool) -> torch.Tensor:
 def _nvfp4_products(t: Any, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed data, compact scales, amax) of one direction of an NVFP4 storage, in its stored orientation."""
     data = t._columnwise_data if columnwise else t._rowwise_data
-    data = data.reshape(-1, data.shape[-1])
+    data = data.reshape(block_storage.dims2(tuple(data.shape)))  # dims named: a copy of zero tokens has 0 columns
     buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
     scales = block_scales.load(buffer, data.shape[0], data.shape[1] * 2 // nvfp4.BLOCK, t._with_gemm_swizzled_scales)
     return data, scales, (t._amax_columnwise if columnwise else t._amax_rowwise)

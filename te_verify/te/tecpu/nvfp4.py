@@ -97,8 +97,8 @@ def pack(codes: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(data: torch.Tensor) -> torch.Tensor:
-    """(R, C/2) bytes as (R, C) codes."""
-    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)
+    """(R, C/2) bytes as (R, C) codes (C named: R may be 0, a GEMM over zero tokens)."""
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], data.shape[1] * 2)
 
 
 def global_encode_scale(amax: torch.Tensor, e4m3_max: int = int(E4M3_MAX)) -> torch.Tensor:
