@@ -20,7 +20,7 @@ def one_by_one(amax: torch.Tensor) -> gemm.Operand:
     block_quantize.gemm_operand gives it: the GEMM of two is 1 times alpha."""
     values = torch.zeros(1, nvfp4.BLOCK, dtype=FP32)
     values[0, 0] = 1.0
-    return values, amax, "NVFP4Quantizer"
+    return values, nvfp4.GlobalScale(amax, 448), "NVFP4Quantizer"
 
 
 def alpha_failures() -> list[str]:

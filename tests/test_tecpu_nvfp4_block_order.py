@@ -48,7 +48,7 @@ def test_nvfp4_gemm_adds_block_products_in_k_order() -> None:
 
 def test_tex_gemm_product_uses_the_block_order() -> None:
     b, a = operands()
-    one = torch.ones((), dtype=torch.float32)
+    one = nvfp4.GlobalScale(torch.ones((), dtype=torch.float32), 448)
     alpha = nvfp4.gemm_alpha(one, one)
     got = gemm.product((a, one, "NVFP4Quantizer"), False, (b, one, "NVFP4Quantizer"), False)
     assert torch.equal(got, by_definition(b, a) * alpha)

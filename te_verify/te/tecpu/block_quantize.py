@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from te_verify.te.tecpu import block_fp8, block_scales, block_storage, device, mxfp8, nvfp4
+from te_verify.te.tecpu import block_fp8, block_scales, block_storage, device, mxfp8, nvfp4, nvfp4_4over6
 from te_verify.te.tecpu.block_scales import tensor_amax
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import te_class
@@ -74,27 +74,43 @@ def _block(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
 
 
 def _nvfp4(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
-    """Rowwise: amax(x); columnwise: x^T, after the RHT when the quantizer has it (its amax then post-RHT)."""
+    """Rowwise: amax(x); columnwise: x^T, after the RHT when the quantizer has it (its amax then post-RHT).
+    Row-scaled: one amax per row of x (rowwise) and per column (columnwise); 4over6: its own kernel."""
     if q.with_rht and x.dtype != torch.bfloat16:
         raise RuntimeError(f"RHT is only supported for bfloat16 input, got {x.dtype}")
     if q.with_rht and not q.with_post_rht_amax:
         raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
-    amax = tensor_amax(x).reshape(1)
+    block_storage.check_nvfp4_kernel(q, x)
+    amax = _row_amax(x) if q.row_scaled_nvfp4 else tensor_amax(x).reshape(1)
     swizzled = out._with_gemm_swizzled_scales
     if q.rowwise_usage:
         bits = random_bytes(tuple(x.shape)) if q.stochastic_rounding else None
-        data, scales = nvfp4.quantize(x, amax, q.with_2d_quantization, bits)
+        data, scales = _nvfp4_encode(q, x, amax, bits)
         out._amax_rowwise.copy_(amax)
         out._rowwise_data.copy_(data.reshape(out._rowwise_data.shape))
         block_scales.store(out._rowwise_scale_inv, scales, swizzled)
     if q.columnwise_usage:
         x_t = nvfp4.hadamard(x.t().contiguous(), q.rht_matrix) if q.with_rht else x.t()
-        amax_t = tensor_amax(x_t).reshape(1) if q.with_rht else amax
+        amax_t = tensor_amax(x_t).reshape(1) if q.with_rht else (_row_amax(x_t) if q.row_scaled_nvfp4 else amax)
         bits = random_bytes(tuple(x_t.shape)) if q.stochastic_rounding else None
-        data, scales = nvfp4.quantize(x_t, amax_t, q.with_2d_quantization, bits)
+        data, scales = _nvfp4_encode(q, x_t, amax_t, bits)
         out._amax_columnwise.copy_(amax_t)
         out._columnwise_data.copy_(data)
         block_scales.store(out._columnwise_scale_inv, scales, swizzled)
+
+
+def _row_amax(x: torch.Tensor) -> torch.Tensor:
+    """Row-scaled NVFP4's amax, one per row (compute_rowwise_amax_kernel: max |x| per row, NaN skipped)."""
+    return block_scales.block_amax(x.float(), 1, x.shape[1]).reshape(-1)
+
+
+def _nvfp4_encode(q: Any, x: torch.Tensor, amax: torch.Tensor,
+                  bits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize.cuh's NVFP4 dispatch: the 4over6 kernel when the quantizer has it, else the plain cast."""
+    if q.nvfp4_use_4over6:
+        return nvfp4_4over6.quantize(x, amax, q.nvfp4_e4m3_max, q.nvfp4_4over6_err_mode,
+                                     nvfp4_4over6.err_use_fast_math(), q.with_2d_quantization)
+    return nvfp4.quantize(x, amax, q.with_2d_quantization, bits)
 
 
 def kind_of(t: Any) -> str | None:
@@ -115,7 +131,7 @@ def _fp8_values(t: Any, columnwise: bool) -> torch.Tensor:
 def _nvfp4_products(t: Any, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed data, compact scales, amax) of one direction of an NVFP4 storage, in its stored orientation."""
     data = t._columnwise_data if columnwise else t._rowwise_data
-    data = data.reshape(-1, data.shape[-1])
+    data = data.reshape(block_storage.dims2(tuple(data.shape)))  # dims named: a copy of zero tokens has 0 columns
     buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
     scales = block_scales.load(buffer, data.shape[0], data.shape[1] * 2 // nvfp4.BLOCK, t._with_gemm_swizzled_scales)
     return data, scales, (t._amax_columnwise if columnwise else t._amax_rowwise)
@@ -134,15 +150,19 @@ def dequantize(t: Any, otype: torch.dtype) -> torch.Tensor:
     if t._rowwise_data is None:
         raise RuntimeError("Cannot dequantize NVFP4 tensor without rowwise data.")
     data, scales, amax = _nvfp4_products(t, columnwise=False)
-    return nvfp4.dequantize(data, scales, amax).reshape(shape).to(otype)
+    if t._row_scaled_nvfp4 and amax.numel() != data.shape[0]:
+        raise RuntimeError("Row-scaled NVFP4 dequantization requires one rowwise amax per row.")
+    return nvfp4.dequantize(data, scales, amax, t._nvfp4_e4m3_max).reshape(shape).to(otype)
 
 
-def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
+def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor | nvfp4.GlobalScale, str]:
     """(the operand's logical 2-D matrix with its block scales applied, fp32; its per-tensor factor, for NVFP4 its
-    amax (gemm.product builds cuBLAS's alpha from both amaxes); its kind) from
+    GlobalScale (gemm.product builds cuBLAS's alpha from both); its kind) from
     the copy the GEMM reads: rowwise for A transposed / B not transposed, else columnwise (gemm.cpp
     swizzle_scales_for_gemm(A, transa, !transa), (B, !transb, transb))."""
     kind = kind_of(t)
+    if kind == "NVFP4Quantizer" and t._row_scaled_nvfp4:  # cublaslt_gemm.cu's first check; TE's Python passes
+        raise RuntimeError("cuBLAS GEMM does not support row-scaled NVFP4 inputs.")  # aliases with amax 1 instead
     _check_capability(kind)
     data = t._rowwise_data if use_rowwise else t._columnwise_data
     if data is None:
@@ -153,7 +173,8 @@ def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, to
     if kind == "NVFP4Quantizer":
         data, scales, amax = _nvfp4_products(t, columnwise=not use_rowwise)
         products = nvfp4.block_products(data, scales)
-        return (products if use_rowwise else products.t()), amax.float().reshape(()), kind
+        scale = nvfp4.GlobalScale(amax.float().reshape(()), t._nvfp4_e4m3_max)
+        return (products if use_rowwise else products.t()), scale, kind
     return _block_values(t, use_rowwise), one, kind
 
 

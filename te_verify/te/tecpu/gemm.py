@@ -8,9 +8,11 @@ leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 
 exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
 precision fast accumulation is not modelled. Block-scaled operands (MXFP8, FP8 block scaling, NVFP4) are read from
 the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
-block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8 and FP8 block scaling; for NVFP4
-cuBLAS's alpha as nvfp4.cu computes it from both amaxes, nvfp4.gemm_alpha). Epilogues: bias add (forward), bias gradient = column sums of B
-(grad=True); GELU and comm+GEMM overlap are refused.
+block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8
+and FP8 block scaling; for NVFP4 cuBLAS's alpha as nvfp4.cu computes it from both amaxes and E4M3 maxes,
+nvfp4.gemm_alpha; a row-scaled NVFP4 operand raises as cublaslt_gemm.cu does: TE's Python applies per-row amaxes
+around the GEMM). Epilogues: bias add (forward), bias gradient = column sums of B (grad=True); GELU and comm+GEMM
+overlap are refused.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def _fp8_operand(t: Any, name: str, use_columnwise: bool) -> tuple[torch.Tensor,
     return data.view(fp8_torch_dtype(t._fp8_dtype)).float(), t._scale_inv.float().reshape(())
 
 
-Operand = tuple[torch.Tensor, "torch.Tensor | None", "str | None"]
+# (values, per-tensor factor: a scale_inv, NVFP4's GlobalScale, None for high precision; format)
+Operand = tuple[torch.Tensor, "torch.Tensor | nvfp4.GlobalScale | None", "str | None"]
 
 
 def _operand(t: Any, name: str, trans: bool) -> Operand:

@@ -12,7 +12,13 @@ compute it in fp32 (common/cast/nvfp4/core_nvfp4.cuh, quantize_transpose_nvfp4.c
   t = |x| + (u / 256) * step(|x|), q = min(floor(t / step(t)) * step(t), 6), the sign of x (step 0.5 below 2, 1 in
   [2, 4), 2 from 4);
 - packing: element 2i in the low nibble, 2i+1 in the high nibble (reference_nvfp4.cast_to_fp4x2);
-- dequantization: q * (float(s_b) * amax * fp32(1 / (6 * 448))) (dequantize_nvfp4.cuh).
+- dequantization: q * (float(s_b) * amax * fp32(1 / (6 * E))) (dequantize_nvfp4.cuh), E the storage's
+  nvfp4_e4m3_max (448; 256 only for 4over6 tensors, nvfp4_4over6.py).
+Row-scaled NVFP4 (NVFP4BlockScaling(row_scaled_activation=True)): `amax` holds one value per row of the quantized
+matrix (TE main's compute_rowwise_amax_kernel; columnwise, one per column of x, compute_columnwise_amax_kernel) and
+each row has its own S_enc from it (quantize_transpose_nvfp4_tuned_1D.cuh, ROW_SCALED_NVFP4); dequantization reads
+amax[row]. cuBLAS takes no row-scaled operand: TE's Python (cpp_extensions/gemm.py) runs the GEMM on aliases whose
+amax is 1 and multiplies the fp32 output by the row and column amaxes itself.
 1D blocks are 1x16 along the last dim; the columnwise copy is the transposed tensor quantized the same way (16x1
 blocks of the original). 2D quantization (weights): one block amax per 16x16 tile, stored per 1x16 block of each
 direction. The random Hadamard transform (RHT) applies to the columnwise copy only: each run of 16 consecutive
@@ -20,6 +26,8 @@ elements of a row of x^T becomes v @ (diag(signs) @ H16 / 4) (the quantizer's bf
 and rounded to bf16 (the kernels' intermediate), and the columnwise amax is taken after it.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -33,9 +41,22 @@ MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 # Round half to even: a value halfway between codes n and n+1 goes up when n is odd.
 TIES_UP = torch.tensor([False, True, False, True, False, True, False])
 RCP_6 = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32)  # fp4_max_inv, an fp32 constant
-RCP_6_448 = torch.tensor(1.0 / (E2M1_MAX * E4M3_MAX), dtype=torch.float32)  # dequantize's factor_inv
-# nvfp4.cu factor_inv: 1.0f / (6 * 6 * 448 * 448), divided in fp32
-RCP_GEMM = torch.tensor(1.0) / torch.tensor(E2M1_MAX * E2M1_MAX * E4M3_MAX * E4M3_MAX, dtype=torch.float32)
+
+
+def _fp32_reciprocal(product: float) -> torch.Tensor:
+    """1.0f / product in fp32, as the kernels' constexpr factors are (the products are exact in fp32)."""
+    return torch.tensor(1.0) / torch.tensor(product, dtype=torch.float32)
+
+
+def dequantize_factor(e4m3_max: int) -> torch.Tensor:
+    """dequantize_nvfp4.cuh's factor_inv: 1.0f / (6 * E4M3_MAX)."""
+    return _fp32_reciprocal(E2M1_MAX * e4m3_max)
+
+
+class GlobalScale(NamedTuple):
+    """An NVFP4 GEMM operand's per-tensor scale: its amax (0-D fp32) and its storage's nvfp4_e4m3_max."""
+    amax: torch.Tensor
+    e4m3_max: int
 
 
 def _with_sign(magnitude_code: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -76,14 +97,15 @@ def pack(codes: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(data: torch.Tensor) -> torch.Tensor:
-    """(R, C/2) bytes as (R, C) codes."""
-    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)
+    """(R, C/2) bytes as (R, C) codes (C named: R may be 0, a GEMM over zero tokens)."""
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], data.shape[1] * 2)
 
 
-def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
-    """compute_global_encode_scaling_factor_FP4: S_enc = 448 * 6 / amax (fp32), capped; 1 for amax 0 or S_enc 0."""
-    amax = amax.float().reshape(())
-    scale = torch.minimum(torch.tensor(E4M3_MAX * E2M1_MAX) / amax, torch.tensor(FP32_MAX))
+def global_encode_scale(amax: torch.Tensor, e4m3_max: int = int(E4M3_MAX)) -> torch.Tensor:
+    """compute_global_encode_scaling_factor_FP4<E4M3_MAX>: S_enc = E4M3_MAX * 6 / amax (fp32), capped; 1 for amax 0
+    or S_enc 0. One amax (1,) gives a (1, 1) scale, a row-scaled amax (M,) one per row, (M, 1)."""
+    amax = amax.float().reshape(-1, 1)
+    scale = torch.minimum(torch.tensor(e4m3_max * E2M1_MAX) / amax, torch.tensor(FP32_MAX))
     return torch.where((amax == 0) | (scale == 0), torch.tensor(1.0), scale)
 
 
@@ -95,8 +117,9 @@ def block_decode_scales(block_amax: torch.Tensor, s_enc: torch.Tensor) -> torch.
 
 def quantize(x: torch.Tensor, amax: torch.Tensor, two_d: bool = False,
              random_bytes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 2-D fp32 tensor (dims divisible by 16) under the per-tensor amax `amax` as (packed E2M1 (M, K/2);
-    compact E4M3 scale bytes (M, K/16)); stochastic rounding when random bytes (one per element) are given."""
+    """A 2-D fp32 tensor (dims divisible by 16) under the per-tensor amax `amax` (or one per row, row-scaled) as
+    (packed E2M1 (M, K/2); compact E4M3 scale bytes (M, K/16)); stochastic rounding when random bytes (one per
+    element) are given."""
     xf = x.float()
     s_enc = global_encode_scale(amax)
     s_dec = torch.reciprocal(s_enc)
@@ -109,9 +132,11 @@ def quantize(x: torch.Tensor, amax: torch.Tensor, two_d: bool = False,
     return pack(codes), s_b.view(torch.uint8).repeat_interleave(rows, 0)
 
 
-def dequantize(data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """fp32 values of packed E2M1 (M, K/2) with compact E4M3 scale bytes (M, K/16) and the per-tensor amax."""
-    factor = scales.view(torch.float8_e4m3fn).float() * amax.float().reshape(()) * RCP_6_448
+def dequantize(data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
+               e4m3_max: int = int(E4M3_MAX)) -> torch.Tensor:
+    """fp32 values of packed E2M1 (M, K/2) with compact E4M3 scale bytes (M, K/16) and the per-tensor amax (or one
+    per row, row-scaled)."""
+    factor = scales.view(torch.float8_e4m3fn).float() * amax.float().reshape(-1, 1) * dequantize_factor(e4m3_max)
     return decode(unpack(data)) * block_scales.expand(factor, 1, BLOCK)
 
 
@@ -120,17 +145,19 @@ def block_products(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return decode(unpack(data)) * block_scales.expand(scales.view(torch.float8_e4m3fn).float(), 1, BLOCK)
 
 
-def per_tensor_factor(amax: torch.Tensor) -> torch.Tensor:
-    """amax / (6 * 448): one operand's per-tensor decode factor (its values alone, e.g. for a bias gradient)."""
-    return amax.float().reshape(()) * RCP_6_448
+def per_tensor_factor(scale: GlobalScale) -> torch.Tensor:
+    """amax / (6 * E4M3_MAX): one operand's per-tensor decode factor (its values alone, e.g. for a bias gradient)."""
+    return scale.amax.float().reshape(()) * dequantize_factor(scale.e4m3_max)
 
 
-def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
+def gemm_alpha(a: GlobalScale, b: GlobalScale) -> torch.Tensor:
     """cuBLAS's alpha for an NVFP4 GEMM as common/recipe/nvfp4.cu (compute_nvfp4_per_tensor_scale_kernel) computes
-    it, left to right in fp32: 1 * amax_A * amax_B * (1 / (6 * 6 * 448 * 448)). Not the product of the two
-    operands' factors: that rounds three times and flips bf16 outputs (TE's NVFP4 module tests, dgrad in bf16)."""
-    one = torch.ones((), dtype=torch.float32, device=amax_a.device)
-    return one * amax_a.float().reshape(()) * amax_b.float().reshape(()) * RCP_GEMM
+    it, left to right in fp32: 1 * amax_A * amax_B * (1 / (6 * 6 * E4M3_MAX_A * E4M3_MAX_B)) (TE main reads each
+    operand's nvfp4_e4m3_max; 448 but for 4over6 tensors). Not the product of the two operands' factors: that rounds
+    three times and flips bf16 outputs (TE's NVFP4 module tests, dgrad in bf16)."""
+    one = torch.ones((), dtype=torch.float32, device=a.amax.device)
+    factor_inv = _fp32_reciprocal(E2M1_MAX * E2M1_MAX * a.e4m3_max * b.e4m3_max)
+    return one * a.amax.float().reshape(()) * b.amax.float().reshape(()) * factor_inv
 
 
 # Block partials computed at once, at most this many fp32 elements (the sum itself stays in K order).
