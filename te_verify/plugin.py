@@ -335,7 +335,11 @@ def known_gap(request: pytest.FixtureRequest, backend: str, spec, failure: BaseE
                if e.status == "xfail"]
     if not entries or not isinstance(failure, CheckFailures):
         return False
-    if judge(entries, check_results(failure.verdicts)).outcome != "xfailed":
+    results = check_results(failure.verdicts)
+    # An entry none of whose checks failed on this draw is not this failure's gap: a drawn spec may sit under a pattern
+    # without meeting it (a width of 1 that inductor keeps a GEMM), and it must not make the other gaps strict.
+    entries = [e for e in entries if any(c in results and not results[c].ok for c in e.checks)]
+    if not entries or judge(entries, results).outcome != "xfailed":
         return False
     for entry in entries:
         request.node.stash.setdefault(DRAWN_GAPS, {})[entry.key] = {**entry.to_row(), "case_id": spec.id}

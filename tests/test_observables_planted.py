@@ -62,6 +62,17 @@ def test_clean_eager_passes_output_and_state_checks(spec):
     assert figures["state_tensors_compared"] == 8
 
 
+def test_warm_up_of_a_case_with_nothing_trainable_runs_forward_only():
+    """The nightly's hypothesis draw of 2026-11-30: every weight frozen, no bias, no input gradient, a warm-up step.
+    The warm-up has nothing to run backward through; the measured step's backward raises in eager and in the backend
+    alike, and ending compares the raise (before, the warm-up raised and the case failed as unbuildable)."""
+    spec = CaseSpec("generated", (1, 1), (True,), None, False, (1,), "fp32", 1, warmup_steps=1)
+    verdicts = {v.check: v for v in CaseRun(spec, "eager", EagerBackend()).verify()}
+    assert all(v.ok for v in verdicts.values())
+    assert verdicts["output_parity"].figures["outputs_compared"] == 2  # the warm-up's forward and iteration 1's
+    assert verdicts["ending"].figures["passes_ref"] == verdicts["ending"].figures["passes_got"] == 0
+
+
 class _ExtraWgradFunction(ref_linear._LinearFunction):
     """Backward also recomputes the wgrad with a bare torch.mm that logs nothing (and discards it)."""
 

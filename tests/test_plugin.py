@@ -142,16 +142,21 @@ def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
     assert f"{folder / 'eager.toml'}:1" in proc.stdout and "stale expectation" not in proc.stdout
 
 
-@pytest.mark.parametrize("failure, passes", [("forward output", True), ("some other gap", False)])
+@pytest.mark.parametrize("failure, passes, bystander", [("forward output", True, False), ("some other gap", False, False),
+                                                        ("forward output", True, True)],
+                         ids=["its-gap", "another-failure", "beside-an-entry-whose-check-passes"])
 @pytest.mark.system
-def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, passes):
+def test_drawn_spec_failing_as_a_recorded_gap_is_that_gap(tmp_path, failure, passes, bystander):
     """A glob entry of family "generated" with a failure text covers the specs hypothesis draws: a drawn spec
-    failing with that text is the known gap (noted on the row); failing otherwise is a finding."""
+    failing with that text is the known gap (noted on the row); failing otherwise is a finding. An entry whose check
+    passes on the draw (`bystander`: grad_parity, exact under WrongOutput) is not that draw's gap and changes nothing."""
     folder = tmp_path / "expectations"
     folder.mkdir()
+    entry = ('[[xfail]]\nglob = "*"\nfamily = "generated"\nchecks = ["{check}"]\nreason = "planted"\n'
+             'link = "https://example.org/planted"\nfailure = "{failure}"\n')
     (folder / "planted_wrong_output.toml").write_text(
-        f'[[xfail]]\nglob = "*"\nfamily = "generated"\nchecks = ["output_parity"]\nreason = "planted"\n'
-        f'link = "https://example.org/planted"\nfailure = "{failure}"\n')
+        entry.format(check="output_parity", failure=failure)
+        + ("\n" + entry.format(check="grad_parity", failure="grad of") if bystander else ""))
     proc = run_pytest("cases/test_generated.py::test_generated", "--tier", "nightly",
                       "--backend", "planted_backends:WrongOutput",
                       "--max-examples", "3", "--hypothesis-seed", "1", "--expectations", str(folder),

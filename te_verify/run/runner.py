@@ -58,11 +58,14 @@ def input_states(inputs: CaseInputs, label: str = "") -> dict[str, TensorState]:
 
 def warm_up(fn, model: torch.nn.Module, inputs: CaseInputs, steps: int, record: Record) -> None:
     """Run plain forward and backward steps (their outputs go to the record), then clear every gradient so the
-    first iteration starts clean: first-call effects, apart from training."""
+    first iteration starts clean: first-call effects, apart from training. An output that needs no gradient (nothing
+    trainable, no input gradient) gets no backward, as in a user's loop: the measured step still calls it, and its
+    raise is compared with eager's there (checks.replay)."""
     for k in range(steps):
         out = fn(inputs.x)
         record.add_output(out, f"warm-up step {k + 1}", 0)
-        out.backward(inputs.grad_output)
+        if out.requires_grad:
+            out.backward(inputs.grad_output)
     model.zero_grad(set_to_none=True)
     inputs.x.grad = None
 
