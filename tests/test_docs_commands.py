@@ -94,6 +94,8 @@ SMALLEST: dict[str, Smallest] = {
     "pytest cases/test_compare_options.py --tier pr --max-rise 0.10": Smallest(
         None, "two compilations per case; the pr tier runs the family"),
     "te-verify run --tier pr --report-dir reports/candidates --pr-candidates": Smallest(None, "every pr candidate"),
+    ".venv/bin/python scripts/measure_summation_orders.py --tier nightly": Smallest(
+        ".venv/bin/python scripts/measure_summation_orders.py --tier smoke --top 1", "the nightly tier's takes a minute"),
     ".venv/bin/python scripts/measure_costs.py reports/candidates": Smallest(
         ".venv/bin/python scripts/measure_costs.py --help", "run, it rewrites te_verify/data/pr_costs.json"),
     ".venv/bin/python scripts/measure_costs.py --durations reports/main": Smallest(

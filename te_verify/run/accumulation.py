@@ -21,6 +21,7 @@ from te_verify.checks.verdict import Verdict
 from te_verify.probes import default_probes
 from te_verify.run.caserun import CaseRun
 from te_verify.run.microbatch import run_microbatches
+from te_verify.run.summation_orders import other_order_runs
 from te_verify.spec import CaseSpec
 
 
@@ -31,12 +32,12 @@ class _Fp64Eager(EagerBackend):
         return super().prepare(model.double(), spec)
 
 
-def accumulation_verdicts(spec: CaseSpec, name: str, ref, got, truth) -> list[Verdict]:
+def accumulation_verdicts(spec: CaseSpec, name: str, ref, got, truth, orders: tuple = ()) -> list[Verdict]:
     """ending; outputs; None-ness; the gradients after the first microbatch (grad_parity: each is its own
     forward's) and after the last (grad_accumulation: they add up as eager's), every iteration's; the parameters
     after every optimizer step; what the run left; each microbatch's GEMMs (checks.accumulation) at every iteration
     (checks.iterations)."""
-    tol, bound = tolerance_for(spec, name), truth_bound(spec, truth)
+    tol, bound = tolerance_for(spec, name), truth_bound(spec, truth, orders)
     last = dataclasses.replace(grad_parity(spec.id, name, ref, got, tol, -1, bound), check="grad_accumulation")
     return [ending(spec.id, name, ref, got),
             output_parity(spec.id, name, ref, got, tol, bound),
@@ -55,4 +56,5 @@ def verify_accumulation(case: CaseRun) -> list[Verdict]:
     got = run_microbatches(spec, case.backend, default_probes(name), follow=ref)
     case.figures.update(got.figures)
     truth = run_microbatches(spec, _Fp64Eager(), dtype=torch.float64, follow=ref)
-    return case.require(accumulation_verdicts(spec, name, ref, got, truth))
+    orders = other_order_runs(spec, lambda sums: run_microbatches(spec, sums, follow=ref))
+    return case.require(accumulation_verdicts(spec, name, ref, got, truth, orders))

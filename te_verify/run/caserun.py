@@ -22,6 +22,7 @@ from te_verify.probes import default_probes
 from te_verify.probes.base import Probe
 from te_verify.record import Record
 from te_verify.run.runner import run_case, run_fp64_eager
+from te_verify.run.summation_orders import other_order_runs
 from te_verify.spec import CaseSpec
 
 
@@ -86,7 +87,8 @@ class CaseRun:
             waste = each_iteration(self.spec, (got, ref),
                                    lambda spec, runs: family_waste_verdicts(spec, *runs, self.backend_name))
         else:  # a stack's every value against its fp64 truth, normwise
-            tol, bound = None, truth_bound(self.spec, truth)
+            orders = other_order_runs(self.spec, lambda sums: run_case(self.spec, sums, follow=ref))
+            tol, bound = None, truth_bound(self.spec, truth, orders)
             waste = each_iteration(self.spec, (got,), lambda spec, runs: waste_verdicts(spec, *runs, self.backend_name))
         self.figures["tolerance"] = (bound or tol).source
         scale = grad_scale(self.spec.id, self.backend_name, ref, got, bound or truth_bound(self.spec, truth))
