@@ -4,8 +4,9 @@ TE's test files are TE's code too: they touch CUDA as TE's modules do (`device="
 `x.cuda()`), so the shim compiles every module under the tests directory (test files, utils.py, references/) with
 the emulation's own CUDA rewrite (te_verify/te/tecpu/rewrite.py), after one rule of its own: every "cuda" string
 constant (tests also assign it, `device = "cuda"`) is "cpu", the emulated device. The emulated capability comes from
-TE_OWN_TESTS_CAPABILITY (default sm100: MXFP8 and NVFP4 run). Assertion rewriting is off (`--assert=plain`): the
-rewriting finder serves those modules instead of pytest's.
+TE_OWN_TESTS_CAPABILITY (default sm100: MXFP8 and NVFP4 run). TE's checkpoints (LayerNormMLP(checkpoint=True),
+distributed.checkpoint) get the te_eager lane's CPU RNG step (compat.te_checkpoint_cpu). Assertion rewriting is off
+(`--assert=plain`): the rewriting finder serves those modules instead of pytest's.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import sys
 import types
 
+from te_verify.compat import te_checkpoint_cpu
 from te_verify.te import tecpu
 from te_verify.te.tecpu import cuda, rewrite
 
@@ -71,6 +73,7 @@ def pytest_configure(config) -> None:
     if not root:
         raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
     tecpu.boot(os.environ.get(CAPABILITY_ENV, "sm100"))
+    te_checkpoint_cpu.apply()  # TE's checkpoints read torch.cuda.default_generators, which the emulation refuses
     sys.meta_path.insert(0, TestsFinder(root))
 
 

@@ -5,6 +5,7 @@ through the CPU RNG step (compat.te_checkpoint_cpu over compat.cuda_rng_cpu), wh
 from __future__ import annotations
 
 import pytest
+import torch
 
 from planted_te_recompute import HandTECheckpoint
 from te_verify.backends.te_eager import TEEagerBackend
@@ -48,14 +49,16 @@ def test_torch_checkpoints_are_not_generated_under_fp8():
     assert len(te_recompute_specs("te_peft", "pr")) + len(te_recompute_specs("te_fp8", "pr")) == 6
 
 
-_STAND_INS = cuda_rng_cpu.stand_ins(te_checkpoint_cpu.MODULE)
+_STAND_INS = cuda_rng_cpu.stand_ins(te_checkpoint_cpu.MODULE, graph_safe_calls=True)
 
 
 @pytest.mark.parametrize("call", [lambda: _STAND_INS["_get_cuda_rng_state"](clone=True),
-                                  lambda: _STAND_INS["_get_cuda_rng_state"](graph_safe=True),
                                   lambda: _STAND_INS["_get_cuda_rng_state"](device=1, graph_safe=False),
-                                  lambda: _STAND_INS["_set_cuda_rng_state"](None, device="cuda:1", graph_safe=False)],
-                         ids=["clone", "graph_safe", "device_index", "set_on_another_device"])
+                                  lambda: _STAND_INS["_get_cuda_rng_state"](device="cuda:0"),
+                                  lambda: _STAND_INS["_set_cuda_rng_state"](None, device="cuda:1", graph_safe=False),
+                                  lambda: _STAND_INS["_set_cuda_rng_state"](torch.get_rng_state(), graph_safe=True)],
+                         ids=["clone", "device_index", "graph_safe_device_index", "set_on_another_device",
+                              "graph_safe_set_of_a_state_tensor"])
 def test_the_cpu_rng_step_refuses_what_it_does_not_cover(call):
     with pytest.raises(cuda_rng_cpu.CudaRngStepError, match="distributed._.*covers only the default device"):
         call()
