@@ -9,14 +9,13 @@ sigmoid(1.702 x); silu = x sigmoid(x). d<act>(grad, x) = grad * act'(x). Gated f
 shape_divisor 2; common/cast/fp8/gated_fp8.cuh): the input's last dim is [a | g], out = act(a) * g, and the
 gradient is [grad * act'(a) * g | grad * act(a)]. Output dtypes as activation.cpp: the input's (d<act>: the
 activation input's), dbias_d<act>: grad_output's, dbias its sum over rows: of the fp32 gradient values with a
-delayed-scaling quantizer (the fused kernel's fp32 partial sums), else of the values rounded to grad_output's dtype
-(bias.cpp's at::sum_out over its high-precision temporary).
-Quantized outputs as activation.cpp and bias.cpp pick the path: none or a per-tensor delayed-scaling quantizer
-("FULLY_FUSED": FP8 straight from the fp32 value), current scaling ("FUSED_ACTIVATION_AMAX_FP8": the value in the
-output dtype, then its amax and cast): norm.kernel_output, the normalization kernels' rule.
-Refused (Unemulated): MXFP8, FP8 block and NVFP4 quantizers given to an activation (TE's LayerNormMLP passes none
-for block scaling and quantizes after; MXFP8's fused kernel and NVFP4's amax path are not emulated), the clamped,
-SiTU, scaled and grouped activations, and what `quantize` refuses.
+delayed-scaling or MXFP8 quantizer (the fused kernels' fp32 partial sums), else of the values rounded to
+grad_output's dtype (bias.cpp's at::sum_out over its high-precision temporary).
+Quantized outputs as activation.cpp and bias.cpp pick the path per quantizer (delayed scaling, current scaling,
+MXFP8, FP8 block scaling, NVFP4 with its options): activation_output.py. Gated MXFP8 needs sm100 and a half width
+divisible by 32 (dispatch/gated.cuh).
+Refused (Unemulated): other quantizers, the clamped, SiTU, scaled and grouped activations, and what `quantize`
+refuses.
 """
 from __future__ import annotations
 
@@ -24,15 +23,13 @@ from typing import Any, Callable
 
 import torch
 
-from te_verify.te.tecpu.norm import kernel_output
+from te_verify.te.tecpu import activation_output, device
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import te_class
 
 GELU_K0, GELU_K1 = 0.79788456, 0.03567741  # gelu: sqrt(2/pi) and sqrt(2/pi) * 0.044715, as math.h writes them
 DGELU_K1, DGELU_K2 = 0.044715, 0.1070322243  # dgelu: the cubic's coefficient and 3 * sqrt(2/pi) * 0.044715
 QGELU_ALPHA = 1.702
-# The quantizers whose activation path is emulated (see the module docstring); any other is refused by name.
-QUANTIZERS = ("Float8Quantizer", "Float8CurrentScalingQuantizer")
 
 
 def _f(x: float) -> torch.Tensor:
@@ -88,9 +85,15 @@ FORMULAS: dict[str, tuple[Callable, Callable]] = {
 GATED = {"geglu": "gelu", "reglu": "relu", "sreglu": "srelu", "qgeglu": "qgelu", "swiglu": "silu", "glu": "sigmoid"}
 
 
-def _check_quantizer(quantizer: Any) -> None:
-    if quantizer is not None and not any(isinstance(quantizer, te_class(k)) for k in QUANTIZERS):
-        refuse(f"an activation quantizing its output with {type(quantizer).__name__}")
+def _check_gated_mxfp8(quantizer: Any, half_width: int, direction: str) -> None:
+    """dispatch/gated.cuh's checks before the gated MXFP8 kernel."""
+    if activation_output.kind_of(quantizer) != "MXFP8Quantizer":
+        return
+    if half_width % 32:
+        raise RuntimeError(f"Invalid input shape. Expected the last dimension to be divisible by 32, but got "
+                           f"{half_width}.")
+    if device.sm_arch() < 100:
+        raise RuntimeError(f"Gated {direction} NVTE_MXFP8_1D_SCALING is only supported on SM 10.0+")
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
@@ -111,14 +114,15 @@ def activation(name: str) -> Callable:
     act = FORMULAS[GATED.get(name, name)][0]
 
     def forward(input: torch.Tensor, quantizer: Any) -> Any:
-        _check_quantizer(quantizer)
+        activation_output.kind_of(quantizer)
         x = _values(input)
         if gated:
             a, g = _halves(x)
+            _check_gated_mxfp8(quantizer, a.shape[-1], "FWD")
             y = act(a) * g
         else:
             y = act(x)
-        return kernel_output(y, y.shape, quantizer, input.dtype)
+        return activation_output.write(y, quantizer, input.dtype)
 
     forward.__name__ = name
     return forward
@@ -142,9 +146,11 @@ def _grad(name: str, grad: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
 def dactivation(name: str) -> Callable:
     """tex.d<name>(grad, input, quantizer): the input's gradient, in the input's dtype."""
     def backward(grad: torch.Tensor, input: torch.Tensor, quantizer: Any) -> Any:
-        _check_quantizer(quantizer)
+        activation_output.kind_of(quantizer)
         dx = _grad(name, grad, input)
-        return kernel_output(dx, dx.shape, quantizer, input.dtype)
+        if name in GATED:
+            _check_gated_mxfp8(quantizer, dx.shape[-1] // 2, "BWD")
+        return activation_output.write(dx, quantizer, input.dtype)
 
     backward.__name__ = f"d{name}"
     return backward
@@ -153,12 +159,10 @@ def dactivation(name: str) -> Callable:
 def dbias_dactivation(name: str) -> Callable:
     """tex.dbias_d<name>(grad_output, act_input, quantizer) -> [dbias, grad_input], both in grad_output's dtype."""
     def backward(grad_output: torch.Tensor, act_input: torch.Tensor, quantizer: Any) -> list[Any]:
-        _check_quantizer(quantizer)
         dx = _grad(name, grad_output, act_input)
-        fused = quantizer is not None and isinstance(quantizer, te_class("Float8Quantizer"))
-        summed = dx if fused else dx.to(grad_output.dtype).float()
+        summed = dx if activation_output.sums_fp32(quantizer) else dx.to(grad_output.dtype).float()
         dbias = summed.reshape(-1, dx.shape[-1]).sum(0).to(grad_output.dtype)
-        return [dbias, kernel_output(dx, dx.shape, quantizer, grad_output.dtype)]
+        return [dbias, activation_output.write(dx, quantizer, grad_output.dtype)]
 
     backward.__name__ = f"dbias_d{name}"
     return backward

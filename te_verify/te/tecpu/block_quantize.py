@@ -32,8 +32,10 @@ def random_bytes(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8, device=device.EMULATED)
 
 
-def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch.Tensor | None) -> Any:
-    """tex.quantize with a block-scaled quantizer (src contiguous)."""
+def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch.Tensor | None,
+             amax: torch.Tensor | None = None) -> Any:
+    """tex.quantize with a block-scaled quantizer (src contiguous); `amax`: NVFP4's per-tensor amax computed by the
+    caller (NVFP4Quantizer::quantize_with_amax), else taken from src."""
     if kind == "NVFP4Quantizer":
         block_storage.check_nvfp4_options(q)
     shape = tuple(src.shape)
@@ -41,10 +43,18 @@ def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch
         output = block_storage.allocate(kind, q, shape, src.dtype, src)
     else:
         shape = block_storage.coerce(kind, q, output)
+    if amax is not None:  # create_unquantized_tensor_with_amax + quantize_with_amax: both directions get it first
+        amax = _given_amax(q, amax)
+        for name in ("_amax_rowwise", "_amax_columnwise"):
+            if getattr(output, name) is not None:
+                getattr(output, name).copy_(amax)
     if src.numel() == 0 or (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
         return output
     x = src.reshape(block_storage.dims2(shape))
-    {"MXFP8Quantizer": _mxfp8, "Float8BlockQuantizer": _block, "NVFP4Quantizer": _nvfp4}[kind](q, x, output, shape)
+    if kind == "NVFP4Quantizer":
+        _nvfp4(q, x, output, amax)
+    else:
+        {"MXFP8Quantizer": _mxfp8, "Float8BlockQuantizer": _block}[kind](q, x, output, shape)
     return output
 
 
@@ -73,15 +83,18 @@ def _block(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
         block_scales.store(out._columnwise_scale_inv, scale_inv.t(), swizzled=False)
 
 
-def _nvfp4(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
-    """Rowwise: amax(x); columnwise: x^T, after the RHT when the quantizer has it (its amax then post-RHT).
-    Row-scaled: one amax per row of x (rowwise) and per column (columnwise); 4over6: its own kernel."""
+def _nvfp4(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor | None) -> None:
+    """Rowwise: amax(x) (or the given one); columnwise: x^T, after the RHT when the quantizer has it (its amax then
+    post-RHT). Row-scaled: one amax per row of x (rowwise) and per column (columnwise); 4over6: its own kernel."""
     if q.with_rht and x.dtype != torch.bfloat16:
         raise RuntimeError(f"RHT is only supported for bfloat16 input, got {x.dtype}")
     if q.with_rht and not q.with_post_rht_amax:
         raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
     block_storage.check_nvfp4_kernel(q, x)
-    amax = _row_amax(x) if q.row_scaled_nvfp4 else tensor_amax(x).reshape(1)
+    if given_amax is not None:
+        amax = given_amax
+    else:
+        amax = _row_amax(x) if q.row_scaled_nvfp4 else tensor_amax(x).reshape(1)
     swizzled = out._with_gemm_swizzled_scales
     if q.rowwise_usage:
         bits = random_bytes(tuple(x.shape)) if q.stochastic_rounding else None
@@ -97,6 +110,15 @@ def _nvfp4(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
         out._amax_columnwise.copy_(amax_t)
         out._columnwise_data.copy_(data)
         block_scales.store(out._columnwise_scale_inv, scales, swizzled)
+
+
+def _given_amax(q: Any, amax: torch.Tensor) -> torch.Tensor:
+    """quantize_with_amax's amax, one for both directions (TE's activations never hand it an RHT quantizer)."""
+    if q.row_scaled_nvfp4:
+        raise RuntimeError("quantize_with_amax is not supported for row-scaled NVFP4 quantization.")
+    if q.with_rht:
+        refuse("NVFP4 quantize_with_amax with the RHT")
+    return amax.float().reshape(1)
 
 
 def _row_amax(x: torch.Tensor) -> torch.Tensor:

@@ -61,8 +61,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_output(y32: torch.Tensor, shape: torch.Size, quantizer: Any, dtype: torch.dtype) -> Any:
-    """A kernel's fp32 values as TE's Python receives them in `dtype` (see the module docstring; the activation
-    kernels pick their path by the same rule: activation.py)."""
+    """A normalization kernel's fp32 values as TE's Python receives them in `dtype` (see the module docstring; the
+    activation kernels' rule differs: activation_output.py)."""
     y32 = y32.reshape(shape)
     if quantizer is None:
         return y32.to(dtype)

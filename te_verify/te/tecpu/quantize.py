@@ -114,11 +114,11 @@ def amax_of(x: torch.Tensor) -> torch.Tensor:
     return x.detach().abs().float().nan_to_num(nan=0.0, posinf=float("inf")).max()
 
 
-def _quantize_into(q: Any, x: torch.Tensor, out: Any) -> None:
+def _quantize_into(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor | None = None) -> None:
     if x.numel() == 0:
         return
     dtype = fp8_torch_dtype(q.dtype)
-    amax = amax_of(x)
+    amax = amax_of(x) if given_amax is None else given_amax.float().reshape(())
     if _kind(q) == "Float8Quantizer":  # delayed scaling: the current scale, amax into the history slot
         q.amax.copy_(torch.maximum(q.amax, amax.reshape(q.amax.shape).to(q.amax.dtype)))
         scale = q.scale.float().reshape(())
@@ -145,6 +145,19 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag
     if noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1):
         return output
     _quantize_into(quantizer, src, output)
+    return output
+
+
+def quantize_with_amax(tensor: torch.Tensor, quantizer: Any, amax: torch.Tensor) -> Any:
+    """quantizer.cpp's quantize_with_amax (current scaling, NVFP4): `tensor` cast under the per-tensor amax its
+    producer computed (an activation kernel's, over its fp32 values), not one taken from `tensor` itself."""
+    src, kind = tensor.contiguous(), _kind(quantizer)
+    if kind == "NVFP4Quantizer":
+        return block_quantize.quantize(kind, quantizer, src, None, None, amax)
+    if kind != "Float8CurrentScalingQuantizer":
+        raise RuntimeError(f"quantize_with_amax is not defined for {type(quantizer).__name__}")
+    output = _allocate(quantizer, tuple(src.shape), src.dtype, src)
+    _quantize_into(quantizer, src, output, amax)
     return output
 
 
