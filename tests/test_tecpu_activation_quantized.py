@@ -91,14 +91,19 @@ CALLS: dict[str, Callable] = {  # name -> (tex, x, dy, quantizer) -> (output und
     "dgelu": lambda tex, x, dy, q: (tex.dgelu(dy, x, q), tex.dgelu(dy.float(), x.float(), None)),
     "dgeglu": lambda tex, x, dy, q: (tex.dgeglu(dy[:, :64], x, q), tex.dgeglu(dy[:, :64].float(), x.float(), None)),
     "dbias_dsrelu": lambda tex, x, dy, q: (tex.dbias_dsrelu(dy, x, q)[1], tex.dsrelu(dy.float(), x.float(), None)),
+    # limit 1.5: both clamps act on the operand.
+    "clamped_swiglu": lambda tex, x, dy, q: (tex.clamped_swiglu(x, q, 1.5), tex.clamped_swiglu(x.float(), None, 1.5)),
+    "clamped_dswiglu": lambda tex, x, dy, q: (tex.clamped_dswiglu(dy[:, :64], x, q, 1.5),
+                                              tex.clamped_dswiglu(dy[:, :64].float(), x.float(), None, 1.5)),
 }
 
 
 def check(te: types.SimpleNamespace, kind: str, name: str) -> None:
     """One activation call with the `kind` quantizer against the definition (module docstring)."""
     x, dy = operand(3), operand(4)
-    if name in ("swiglu", "dgeglu") and kind == "mxfp8":
-        pytest.skip("gated MXFP8 needs sm100 (test_te_mlp_block_recipes runs it there)")
+    if name in ("swiglu", "dgeglu", "clamped_swiglu", "clamped_dswiglu") and kind == "mxfp8":
+        pytest.skip("gated MXFP8 needs sm100 (test_te_mlp_block_recipes runs swiglu there, TE's own test_sanity and "
+                    "test_fusible_ops clamped_swiglu)")
     torch.manual_seed(7)
     got, values = CALLS[name](te.tex, x, dy, te.make[kind]())
     assert_same_bytes(got, expected(kind, values, te.make[kind]()), f"{name} -> {kind}")

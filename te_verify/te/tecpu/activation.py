@@ -14,8 +14,12 @@ grad_output's dtype (bias.cpp's at::sum_out over its high-precision temporary).
 Quantized outputs as activation.cpp and bias.cpp pick the path per quantizer (delayed scaling, current scaling,
 MXFP8, FP8 block scaling, NVFP4 with its options): activation_output.py. Gated MXFP8 needs sm100 and a half width
 divisible by 32 (dispatch/gated.cuh).
-Refused (Unemulated): other quantizers, the clamped, SiTU, scaled and grouped activations, and what `quantize`
-refuses.
+Clamped SwiGLU (GPT-OSS; math.h clamped_silu/clamped_dsilu, the gated kernels' ClampedSwiGLUParam branch):
+a_c = min(a, limit), act = a_c sigmoid(alpha a_c); gate = clamp(g, -limit, limit) + glu_linear_offset; out = act *
+gate. Its gradient is [grad act'(a_c) gate | grad act], act' zero where a > limit and the gate's zero outside
+[-limit, limit] (both bounds kept: the kernels' `<=`). The parameters are fp32 (pybind's float, defaults 7.0, 1.702,
+1.0); min/max return the number for a NaN operand as CUDA's fminf/fmaxf do.
+Refused (Unemulated): other quantizers, the SiTU, scaled and grouped activations, and what `quantize` refuses.
 """
 from __future__ import annotations
 
@@ -55,12 +59,12 @@ def _dsigmoid(x: torch.Tensor) -> torch.Tensor:
     return s * (1.0 - s)
 
 
-def _qgelu(x: torch.Tensor) -> torch.Tensor:
-    return x * _sigmoid(_f(QGELU_ALPHA) * x)
+def _qgelu(x: torch.Tensor, alpha: float = QGELU_ALPHA) -> torch.Tensor:
+    return x * _sigmoid(_f(alpha) * x)
 
 
-def _dqgelu(x: torch.Tensor) -> torch.Tensor:
-    ax = _f(QGELU_ALPHA) * x
+def _dqgelu(x: torch.Tensor, alpha: float = QGELU_ALPHA) -> torch.Tensor:
+    ax = _f(alpha) * x
     return ax * _dsigmoid(ax) + _sigmoid(ax)
 
 
@@ -168,6 +172,40 @@ def dbias_dactivation(name: str) -> Callable:
     return backward
 
 
+def _clamped_halves(x: torch.Tensor, limit: float, alpha: float, offset: float) -> tuple[torch.Tensor, ...]:
+    """fp32 [a | g] -> (act(a), act'(a), gate, gate'): clamped SwiGLU's two halves and their derivatives."""
+    a, g = _halves(x)
+    lim = _f(limit)
+    a_c = torch.fmin(a, lim)
+    act, dact = _qgelu(a_c, alpha), torch.where(a <= lim, _dqgelu(a_c, alpha), 0.0)
+    gate = torch.fmin(torch.fmax(g, -lim), lim) + _f(offset)
+    return act, dact, gate, ((g >= -lim) & (g <= lim)).float()
+
+
+def clamped_swiglu(input: torch.Tensor, quantizer: Any, limit: float = 7.0, alpha: float = 1.702,
+                   glu_linear_offset: float = 1.0) -> Any:
+    """tex.clamped_swiglu (pybind.cpp's argument names and defaults): act(a) * gate over [a | g] (module
+    docstring), in the input's dtype or quantized."""
+    activation_output.kind_of(quantizer)
+    act, _, gate, _ = _clamped_halves(_values(input), limit, alpha, glu_linear_offset)
+    _check_gated_mxfp8(quantizer, act.shape[-1], "FWD")
+    return activation_output.write(act * gate, quantizer, input.dtype)
+
+
+def clamped_dswiglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any, limit: float = 7.0,
+                    alpha: float = 1.702, glu_linear_offset: float = 1.0) -> Any:
+    """tex.clamped_dswiglu: [grad act'(a) gate | gate' grad act(a)], in the input's dtype or quantized."""
+    activation_output.kind_of(quantizer)
+    act, dact, gate, dgate = _clamped_halves(_values(fwd_input), limit, alpha, glu_linear_offset)
+    dy = _values(grad)
+    if dy.shape != act.shape:
+        raise RuntimeError(f"clamped_dswiglu: grad {list(dy.shape)} is not half of input {list(fwd_input.shape)}")
+    _check_gated_mxfp8(quantizer, act.shape[-1], "BWD")
+    # The kernel's products in its order: (act' * grad) * gate, (gate' * grad) * act.
+    dx = torch.cat([dact * dy * gate, dgate * dy * act], dim=-1)
+    return activation_output.write(dx, quantizer, fwd_input.dtype)
+
+
 def functions() -> dict[str, Callable]:
     """Every tex activation function emulated, by tex name."""
     plain = [n for n in FORMULAS if n != "sigmoid"]
@@ -175,4 +213,5 @@ def functions() -> dict[str, Callable]:
     for name in [*plain, *GATED]:
         out[name], out[f"d{name}"] = activation(name), dactivation(name)
     out.update({f"dbias_d{name}": dbias_dactivation(name) for name in plain})
+    out.update(clamped_swiglu=clamped_swiglu, clamped_dswiglu=clamped_dswiglu)
     return out
