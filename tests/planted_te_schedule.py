@@ -8,6 +8,7 @@ sits where TE's FP8 weight caching and wgrad decision live.
 - StaleWgrad (planted): decides which weights get a wgrad from the flags at prepare: a weight frozen later is shown
   to TE as trainable during its forward, so TE saves its input and runs its wgrad GEMM (autograd then drops the
   result: the parameter no longer requires grad, so its .grad stays None and only the work is wrong).
+- RestartsScalingState (planted): re-creates each layer's delayed-scaling state at iteration 2 (thunder's restart).
 - QuantizesEveryCall (the clean twin): the same per-layer calls with neither fault: each layer's weight quantized
   anew at every call (is_first_microbatch None) and its requires_grad as it is. (A twin keeping TE's FP8 weight cache
   across steps, is_first_microbatch True once per step, holds TE's workspace between iterations, which
@@ -82,3 +83,28 @@ class QuantizesEveryCall(TEEagerBackend):
 
     def prepare(self, model: torch.nn.Module, spec: CaseSpec):
         return PerLayerStack(super().prepare(model, spec), lambda i, layer: None)
+
+
+class RestartsScalingState(TEEagerBackend):
+    """Planted: at its second call (iteration 2's forward, one microbatch per iteration) each layer drops its
+    delayed-scaling state and TE makes a new one, with nothing to inherit (scale 1, empty amax history), as
+    thunder's TE executor does after a recompile: every slot's own model starts fresh with it."""
+
+    name = "planted_restarts_scaling_state"
+
+    def prepare(self, model: torch.nn.Module, spec: CaseSpec):
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager  # TE's Python, booted by then
+
+        calls: dict[int, int] = {}
+
+        @contextlib.contextmanager
+        def restarted(i: int, layer: torch.nn.Module):
+            calls[i] = calls.get(i, 0) + 1
+            if calls[i] == 2:
+                # The state and its place in TE's global amax buffers, so the new state is updated as a first one.
+                for key in ("scaling_fwd", "scaling_bwd", FP8GlobalStateManager.get_buffer_info()):
+                    layer.fp8_meta.pop(key, None)
+                # Both flags down: init_fp8_metadata and set_meta_tensor then build a new RecipeState.
+                layer.fp8_initialized = layer.fp8_meta_tensors_initialized = False
+            yield
+        return PerLayerStack(super().prepare(model, spec), lambda i, layer: None, restarted)

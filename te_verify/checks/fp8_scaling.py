@@ -17,6 +17,8 @@ common/recipe/delayed_scaling.cu; the scale rule common/recipe/recipe_common.cuh
   format, E5M2 (57344) for gradients in HYBRID.
 - TE's activation recompute (te.distributed.checkpoint): a forward tensor quantized again in backward uses the scale
   the same iteration's forward used and adds nothing to the history (TE stashes and restores the scaling state).
+- One state per site: DelayedScaling keeps a module's state for the whole training, so a GEMM site (weight and
+  operand role, probes.fp8_sites) whose quantizations move to a new state that starts over fails (fp8_site_state).
 - The weight copy: with is_first_microbatch passed (the microbatch families), each weight is quantized exactly once
   per iteration, on its first microbatch (after the optimizer step moved it); otherwise once per forward call.
 Amax histories are compared exactly (an amax is a max: no rounding). Scales are compared within SCALE_ULPS units in
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from te_verify.checks.fp8_site_state import check_site_states
 from te_verify.checks.verdict import Verdict, not_observed
 from te_verify.probes.fp8_scaling import CURRENT, DELAYED, Quantization
 from te_verify.record import Record
@@ -141,7 +144,8 @@ def update_interval(q: Quantization, direction: str) -> int:
 
 
 def _check_delayed(slot: tuple, qs: list[Quantization], states: list[dict], params: RecipeParams, name: str,
-                   found: Findings, recompute: bool = False) -> None:
+                   found: Findings, recompute: bool = False) -> SlotModel:
+    """The slot's quantizations and states against the recipe's model of it; returns the model at its end."""
     model = SlotModel([0.0] * params.history_len)
     after_step: dict[int, tuple[list[float], float]] = {}
     by_interval: dict[int, list[Quantization]] = {}
@@ -171,6 +175,7 @@ def _check_delayed(slot: tuple, qs: list[Quantization], states: list[dict], para
             found.problems.append(f"{name}, iteration {q.iteration} (recompute in backward call {q.interval[1]}): "
                                   f"quantized with scale {q.scale_used:.9g}, the forward's was {want}")
     _check_states(slot, states, after_step, name, found)
+    return model
 
 
 def _check_states(slot: tuple, states: list[dict], after: dict[int, tuple[list[float], float]], name: str,
@@ -247,15 +252,16 @@ def fp8_scaling(case_id: str, backend: str, spec, got: Record) -> Verdict:
     slots: dict[tuple, list[Quantization]] = {}
     for q in qs:
         slots.setdefault((q.kind, q.slot), []).append(q)
-    for (kind, slot), group in slots.items():
-        if kind == DELAYED:
-            _check_delayed(slot, group, seen["states"], params, names.get(slot, f"delayed-scaling slot {slot[1]}"), found,
-                           spec.recompute in TE_RECOMPUTE_MODES)
+    finals = {slot: _check_delayed(slot, group, seen["states"], params,
+                                   names.get(slot, f"delayed-scaling slot {slot[1]}"), found,
+                                   spec.recompute in TE_RECOMPUTE_MODES)
+              for (kind, slot), group in slots.items() if kind == DELAYED}
+    site_figures = check_site_states(qs, finals, scales_agree, found.problems)
     _check_current([q for q in qs if q.kind == CURRENT], params, names, directions, found)
     _check_weight_copies(qs, spec.te.microbatches, first_flag, seen["forward_calls"], len(seen["states"]) or 1,
                          seen.get("weight_uses", {}), found)
     figures = {"fp8_quantizations_compared": len(qs), "fp8_scaling_values_compared": found.compared,
-               "fp8_states_compared": len(seen["states"])}
+               "fp8_states_compared": len(seen["states"]), **site_figures}
     if found.problems:
         return Verdict("fp8_scaling", False, f"[{case_id}] backend {backend}: FP8 scaling differs from the "
                        f"{spec.te.recipe} recipe's: " + "; ".join(found.problems[:8])

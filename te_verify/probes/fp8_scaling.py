@@ -8,6 +8,8 @@ to hold it to the recipe's definition (checks.fp8_scaling), all measured here, n
 - which quantizer it was: a delayed-scaling quantizer's scale and amax slots are views into its module's scaling
   state (TE's DelayedScalingRecipeState: scale[n], amax_history[L, n]), so (that state's storage, slot index) names
   it; a current-scaling quantizer is named by its object;
+- where: its GEMM site, the weight and operand role of the GEMM that read it (probes.fp8_sites: from data flow, not
+  from the backend's objects), None where no GEMM read it or its GEMM's weight was not seen quantized;
 - when: the update interval (delayed scaling updates forward slots when each forward's autocast region exits and
   backward slots after each backward: the i-th forward or backward call of the run), the iteration, and the
   parameter quantized when the source is one.
@@ -18,11 +20,12 @@ A run whose quantizations never reach tex (a pure-PyTorch --te-impl) has nothing
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 
+from te_verify.probes.fp8_sites import GemmSites, site_label
 from te_verify.probes.tex_casts import cast_wrappers
 from te_verify.te.tecpu.record import patch_tex, restore_tex
 
@@ -52,6 +55,8 @@ class Quantization:
     scale_used: float
     # The FP8 format's maximum for the quantizer's dtype (E4M3 448, E5M2 57344).
     fp8_max: float
+    # Its GEMM site ("0.weight's input"; probes.fp8_sites), or None where none was found.
+    site: str | None = None
 
 
 @dataclass
@@ -99,6 +104,7 @@ class Fp8ScalingObserver:
         # a later object (TE's compiled path copies quantizers per tensor spec: a gradient's E5M2 copy, once freed,
         # could lend its id to a forward quantizer and be named as one).
         self._noted: dict[int, Any] = {}
+        self.gemm_sites = GemmSites(lambda i: self.quantizations[i].source)
 
     def bind(self, model: torch.nn.Module) -> None:
         self.params = {p.untyped_storage().data_ptr(): name for name, p in model.named_parameters()}
@@ -144,7 +150,7 @@ class Fp8ScalingObserver:
         return names
 
     def __enter__(self) -> "Fp8ScalingObserver":
-        patch_tex(self._saved, cast_wrappers(self._note))
+        patch_tex(self._saved, cast_wrappers(self._note) + self.gemm_sites.wrappers())
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -174,6 +180,7 @@ class Fp8ScalingObserver:
                                                (self._calls["forward"], self._calls["backward"]), self._iteration,
                                                source, source_amax(x), 1.0 / scale_inv if scale_inv else float("inf"),
                                                _fp8_max(q)))
+        self.gemm_sites.note(len(self.quantizations) - 1, out)
 
     def _slot(self, q: Any) -> tuple[int, int]:
         """The slot of a delayed-scaling quantizer: its amax is amax_history[0][i] of an (L, n) state."""
@@ -189,7 +196,10 @@ class Fp8ScalingObserver:
         return {"fp8_quantizations": len(self.quantizations), "fp8_delayed_slots": len(self.slots)}
 
     def observations(self) -> dict[str, Any]:
-        return {"fp8_scaling": {"quantizations": list(self.quantizations), "states": list(self.states),
+        sites = self.gemm_sites.sites
+        quantizations = [replace(q, site=site_label(sites[i])) if i in sites else q
+                         for i, q in enumerate(self.quantizations)]
+        return {"fp8_scaling": {"quantizations": quantizations, "states": list(self.states),
                                 "forward_calls": self._calls["forward"], "backward_calls": self._calls["backward"],
                                 "slot_names": self.slot_names(), "weight_uses": self.weight_uses()}}
 
