@@ -19,6 +19,7 @@ import types
 
 import pytest
 import torch
+from layernorm_mlp_twin import assert_matches_torch, seed_parameters
 
 from te_verify.te import tecpu
 from te_verify.te.tecpu import quantize
@@ -150,19 +151,5 @@ def test_te_layernorm_mlp_matches_torch_eager(te, activation: str) -> None:
 
     x = operand(torch.float32, 32)
     module = te.te.LayerNormMLP(32, 64, activation=activation, params_dtype=torch.float32, device="cpu")
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
-    params = [module.layer_norm_weight, module.layer_norm_bias, module.fc1_weight, module.fc1_bias,
-              module.fc2_weight, module.fc2_bias]
-    xt = x.clone().requires_grad_()
-    module(xt).sum().backward()
-    ln_w, ln_b, w1, b1, w2, b2 = twins = [p.detach().clone().requires_grad_() for p in params]
-    xe = x.clone().requires_grad_()
-    h = torch.nn.functional.linear(torch.nn.functional.layer_norm(xe, (32,), ln_w, ln_b, 1e-5), w1, b1)
-    want = torch.nn.functional.linear(ACTIVATIONS[activation](h), w2, b2)
-    want.sum().backward()
-    torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-5)
-    names = ("x", "ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
-    for name, p, t in zip(names, [xt, *params], [xe, *twins]):
-        torch.testing.assert_close(p.grad, t.grad, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    seed_parameters(module, 0.3)
+    assert_matches_torch(module, x, ACTIVATIONS[activation])
