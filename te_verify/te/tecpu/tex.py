@@ -32,6 +32,7 @@ EMULATED: dict[str, Callable] = {
     "layernorm_bwd": norm.layernorm_bwd,
     "rmsnorm_fwd": norm.rmsnorm_fwd,
     "rmsnorm_bwd": norm.rmsnorm_bwd,
+    "rmsnorm_bwd_add": norm.rmsnorm_bwd_add,
     "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
     # Fp8Padding / Fp8Unpadding around GroupedLinear (splits aligned for the quantized grouped GEMM).
     "fused_multi_row_padding": padding.fused_multi_row_padding,
