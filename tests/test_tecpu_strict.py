@@ -38,18 +38,18 @@ def source_line(te, relative: str, line: int) -> str:
 
 
 def test_direct_call_of_unemulated_tex_function_names_it(te) -> None:
-    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.situglu is not emulated"):
-        te.tex.situglu(torch.zeros(4, 8), None, 4.0, 25.0)
+    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.scaled_srelu is not emulated"):
+        te.tex.scaled_srelu(torch.zeros(4, 8), torch.ones(4), None)
 
 
 def test_te_activation_forward_names_function_and_te_call_site(te) -> None:
-    """te.ops SiTUGLU reaches tex.situglu, which the emulation lacks (gelu and layernorm_fwd, the examples before,
-    are emulated: te/tecpu/activation.py, norm.py)."""
+    """te.ops ScaledSReLU reaches tex.scaled_srelu, which the emulation lacks (gelu, layernorm_fwd and situglu, the
+    examples before, are emulated: te/tecpu/activation.py, norm.py)."""
     with pytest.raises(tecpu.Unemulated) as info:
-        te.te.ops.SiTUGLU()(torch.randn(4, 32))
-    assert "transformer_engine_torch.situglu" in str(info.value), f"message: {info.value}"
+        te.te.ops.ScaledSReLU()(torch.randn(4, 32), torch.ones(4))
+    assert "transformer_engine_torch.scaled_srelu" in str(info.value), f"message: {info.value}"
     path, line = te_call_site(info.value)
-    assert "tex.situglu" in source_line(te, path, line), f"{path}:{line} is not where TE calls tex.situglu"
+    assert "tex.scaled_srelu" in source_line(te, path, line), f"{path}:{line} is not where TE calls tex.scaled_srelu"
 
 
 def test_name_outside_the_surface_is_attribute_error(te) -> None:
