@@ -23,7 +23,8 @@ SiTU-GLU (math.h situ_gate/situ_up and their derivatives, the gated kernels' SiT
 tanh(a / beta1) sigmoid(a), gate = beta2 tanh(g / beta2), out = act * gate; the gradient [(act'(a) grad) gate |
 (gate'(g) grad) act], act' = (1 - t^2) sigmoid(a) + beta1 t sigmoid(a) (1 - sigmoid(a)) with t = tanh(a / beta1),
 gate' = 1 - tanh(g / beta2)^2; beta1 and beta2 fp32 (pybind's defaults 4.0 and 25.0).
-Refused (Unemulated): other quantizers, the scaled and grouped activations, and what `quantize` refuses.
+The scaled activations are scaled_activation.py's. Refused (Unemulated): other quantizers, the grouped activations
+(group_scaled_*), and what `quantize` refuses.
 """
 from __future__ import annotations
 

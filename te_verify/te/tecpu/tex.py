@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import activation, block_quantize, dropout, gemm, norm, padding, quantize
+from te_verify.te.tecpu import activation, block_quantize, dropout, gemm, norm, padding, quantize, scaled_activation
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -54,6 +54,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     "create_empty_quantized_tensor": quantize.create_empty_quantized_tensor,
     # gelu, dgelu, dbias_dgelu, relu, ..., swiglu, dswiglu (activation.py; TE 2.8's tex has no glu).
     **activation.functions(),
+    # scaled_swiglu, scaled_dswiglu, ..., scaled_dsrelu (TE >= 2.19; the SiTU ones >= 2.20).
+    **scaled_activation.functions(),
 }
 
 
