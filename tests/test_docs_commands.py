@@ -121,6 +121,9 @@ SMALLEST: dict[str, Smallest] = {
     ".venv/bin/python scripts/te_own_tests.py --tests /tmp/te-tests/tests/pytorch --out /tmp/te-own2 --nice 0 "
     "--one-process --by-cause test_mxfp8_2d_quantize.py nvfp4/test_nvfp4_quantize_exact.py": Smallest(
         ".venv/bin/python scripts/te_own_tests.py --help", "run, it needs TE's repository fetched and takes minutes"),
+    ".venv/bin/python scripts/te_own_tests.py --tests /tmp/te-tests/tests/pytorch --out /tmp/fops --capability sm100 "
+    "--one-process --nice 15 --by-cause test_fusible_ops.py": Smallest(
+        None, "needs TE's repository fetched and takes minutes; the te-own entry runs its --help"),
     ".venv/bin/python scripts/te_versions.py 2.14.0 2.20.2": Smallest(
         ".venv/bin/python scripts/te_versions.py --help", "run, it installs TE wheels from the network"),
     # docs/versions.md

@@ -137,8 +137,8 @@ def test_what_the_emulation_does_not_emulate_raises(te) -> None:
     x = operand(torch.float32)
     with pytest.raises(tecpu.Unemulated, match="activation quantizing its output with object"):
         te.tex.gelu(x, object())
-    with pytest.raises(tecpu.Unemulated, match="transformer_engine_torch.scaled_clamped_swiglu is not emulated"):
-        te.tex.scaled_clamped_swiglu(x, torch.ones(32), None, 7.0, 1.702, 1.0, 0)
+    with pytest.raises(tecpu.Unemulated, match="transformer_engine_torch.group_scaled_swiglu is not emulated"):
+        te.tex.group_scaled_swiglu(x, torch.ones(32), None)
     with pytest.raises(RuntimeError, match="last dim must be even"):
         te.tex.swiglu(x[..., :63], None)
 

@@ -2,7 +2,9 @@
 - layernorm_fwd / rmsnorm_fwd against an fp64 reference written here from the formulas (mu = mean(x), rsigma =
   1 / sqrt(var + eps), y = (x - mu) * rsigma * gamma (+1 when zero-centered) + beta; RMSNorm from mean(x^2)): fp32
   within fp32 rounding, bf16 within half a bf16 ulp of the reference; mu and rsigma fp32 vectors of the rows;
-- layernorm_bwd / rmsnorm_bwd against fp64 autograd of that reference (dx, dgamma, dbeta);
+- layernorm_bwd / rmsnorm_bwd against fp64 autograd of that reference (dx, dgamma, dbeta); rmsnorm_bwd_add (te.ops'
+  fused RMSNorm + extra-output backward) as rmsnorm_bwd with the other branch's gradient added to dx before dx is
+  rounded (bf16: one rounding, within half an ulp of the fp64 sum, which dx rounded, then added, misses);
 - quantized outputs bitwise equal to quantize(norm(x)): delayed scaling from the fp32 value (TE's fully fused
   kernel), current scaling, MXFP8 and FP8 block scaling from the value in the output dtype (amax and copies too);
 - what it does not emulate raises; TE's LayerNormLinear and te.ops LayerNorm over it match torch eager."""
@@ -114,6 +116,59 @@ def test_norm_bwd_is_the_gradient_of_the_definition(te, rms: bool, zero_centered
         assert g.dtype == torch.float32 and g.shape == w.shape, f"{name}: {g.dtype} {list(g.shape)}"
         rel = float((g.double() - w).norm() / w.norm())
         assert rel < 1e-5, f"{name}: normwise error {rel:.3g} against fp64 autograd of the definition"
+
+
+def bwd_add_operands(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """x, gamma, dz and `add` (the extra output's gradient, of x's shape), scaled so dx and add are comparable:
+    their sum rounds once in the kernel."""
+    gen = torch.Generator().manual_seed(9)
+    x, gamma, _ = operands(dtype, rms=True)
+    dz = torch.randn(x.shape, generator=gen).to(dtype)
+    add = (torch.randn(x.shape, generator=gen) * 0.5).to(dtype)
+    return x, gamma, dz, add
+
+
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_bwd_add_is_the_gradient_plus_add(te, dtype: torch.dtype, zero_centered: bool) -> None:
+    x, gamma, dz, add = bwd_add_operands(dtype)
+    _, _, rsigma = te.tex.rmsnorm_fwd(x, gamma, EPS, None, None, te.dtypes[dtype], 0, zero_centered)
+    dx, dgamma = te.tex.rmsnorm_bwd_add(dz, x, add, rsigma, gamma, 0, zero_centered)
+    want_dx, want_dgamma = reference_grads(x, gamma, None, dz, zero_centered, rms=True)
+    want_dx = want_dx + add.double()
+    assert dx.dtype == dtype and dx.shape == x.shape, f"dx {dx.dtype} {list(dx.shape)}"
+    assert dgamma.dtype == dtype and dgamma.shape == gamma.shape, f"dgamma {dgamma.dtype} {list(dgamma.shape)}"
+    if dtype == torch.bfloat16:
+        assert_within_half_ulp(dx, want_dx, "rmsnorm_bwd_add dx")
+        lone = te.tex.rmsnorm_bwd(dz, x, rsigma, gamma, 0, zero_centered)[0]
+        twice = int(((lone + add).double() - want_dx).abs().gt(half_ulp_bound(want_dx)).sum())
+        assert twice > 0, "these data do not tell one rounding of dx + add from dx rounded, then added"
+    else:
+        rel = float((dx.double() - want_dx).norm() / want_dx.norm())
+        assert rel < 1e-5, f"rmsnorm_bwd_add dx: normwise error {rel:.3g} against fp64 autograd plus add"
+    rel = float((dgamma.double() - want_dgamma).norm() / want_dgamma.norm())
+    assert rel < (1e-2 if dtype == torch.bfloat16 else 1e-5), f"rmsnorm_bwd_add dgamma: normwise error {rel:.3g}"
+
+
+def half_ulp_bound(want: torch.Tensor) -> torch.Tensor:
+    """Half a bf16 ulp of each value (|v| 2^-8) plus fp32 noise relative to the tensor's largest value (the fp32
+    dx cancels against add)."""
+    return want.abs() * 2.0 ** -8 + want.abs().max() * 2.0 ** -20
+
+
+def assert_within_half_ulp(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    err = (got.double() - want).abs()
+    worst = int((err > half_ulp_bound(want)).sum())
+    assert worst == 0, f"{what}: {worst} of {got.numel()} elements beyond half a bf16 ulp (max err {err.max():.3g})"
+
+
+def test_rmsnorm_bwd_add_checks_add(te) -> None:
+    x, gamma, dz, add = bwd_add_operands(torch.float32)
+    _, _, rsigma = te.tex.rmsnorm_fwd(x, gamma, EPS, None, None, te.dtypes[torch.float32], 0, False)
+    with pytest.raises(RuntimeError, match="gamma's dtype"):
+        te.tex.rmsnorm_bwd_add(dz, x, add.bfloat16(), rsigma, gamma, 0, False)
+    with pytest.raises(RuntimeError, match="x's shape"):
+        te.tex.rmsnorm_bwd_add(dz, x, add[:2], rsigma, gamma, 0, False)
 
 
 def _bytes(t) -> list[torch.Tensor]:

@@ -19,7 +19,12 @@ a_c = min(a, limit), act = a_c sigmoid(alpha a_c); gate = clamp(g, -limit, limit
 gate. Its gradient is [grad act'(a_c) gate | grad act], act' zero where a > limit and the gate's zero outside
 [-limit, limit] (both bounds kept: the kernels' `<=`). The parameters are fp32 (pybind's float, defaults 7.0, 1.702,
 1.0); min/max return the number for a NaN operand as CUDA's fminf/fmaxf do.
-Refused (Unemulated): other quantizers, the SiTU, scaled and grouped activations, and what `quantize` refuses.
+SiTU-GLU (math.h situ_gate/situ_up and their derivatives, the gated kernels' SiTUGLUParam branch): act(a) = beta1
+tanh(a / beta1) sigmoid(a), gate = beta2 tanh(g / beta2), out = act * gate; the gradient [(act'(a) grad) gate |
+(gate'(g) grad) act], act' = (1 - t^2) sigmoid(a) + beta1 t sigmoid(a) (1 - sigmoid(a)) with t = tanh(a / beta1),
+gate' = 1 - tanh(g / beta2)^2; beta1 and beta2 fp32 (pybind's defaults 4.0 and 25.0).
+The scaled activations are scaled_activation.py's. Refused (Unemulated): other quantizers, the grouped activations
+(group_scaled_*), and what `quantize` refuses.
 """
 from __future__ import annotations
 
@@ -206,6 +211,36 @@ def clamped_dswiglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any,
     return activation_output.write(dx, quantizer, fwd_input.dtype)
 
 
+def _situ_halves(x: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, ...]:
+    """fp32 [a | g] -> (act(a), act'(a), gate, gate'): SiTU-GLU's two halves and their derivatives (math.h)."""
+    a, g = _halves(x)
+    b1, b2 = _f(beta1), _f(beta2)
+    t, s, u = torch.tanh(a / b1), _sigmoid(a), torch.tanh(g / b2)
+    return b1 * t * s, (1.0 - t * t) * s + b1 * t * s * (1.0 - s), b2 * u, 1.0 - u * u
+
+
+def situglu(input: torch.Tensor, quantizer: Any, beta1: float = 4.0, beta2: float = 25.0) -> Any:
+    """tex.situglu (pybind.cpp's argument names and defaults): act(a) * gate over [a | g] (module docstring), in the
+    input's dtype or quantized."""
+    activation_output.kind_of(quantizer)
+    act, _, gate, _ = _situ_halves(_values(input), beta1, beta2)
+    _check_gated_mxfp8(quantizer, act.shape[-1], "FWD")
+    return activation_output.write(act * gate, quantizer, input.dtype)
+
+
+def dsituglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any, beta1: float = 4.0,
+             beta2: float = 25.0) -> Any:
+    """tex.dsituglu: [(act'(a) grad) gate | (gate'(g) grad) act(a)], in the input's dtype or quantized."""
+    activation_output.kind_of(quantizer)
+    act, dact, gate, dgate = _situ_halves(_values(fwd_input), beta1, beta2)
+    dy = _values(grad)
+    if dy.shape != act.shape:
+        raise RuntimeError(f"dsituglu: grad {list(dy.shape)} is not half of input {list(fwd_input.shape)}")
+    _check_gated_mxfp8(quantizer, act.shape[-1], "BWD")
+    return activation_output.write(torch.cat([dact * dy * gate, dgate * dy * act], dim=-1), quantizer,
+                                   fwd_input.dtype)
+
+
 def functions() -> dict[str, Callable]:
     """Every tex activation function emulated, by tex name."""
     plain = [n for n in FORMULAS if n != "sigmoid"]
@@ -213,5 +248,5 @@ def functions() -> dict[str, Callable]:
     for name in [*plain, *GATED]:
         out[name], out[f"d{name}"] = activation(name), dactivation(name)
     out.update({f"dbias_d{name}": dbias_dactivation(name) for name in plain})
-    out.update(clamped_swiglu=clamped_swiglu, clamped_dswiglu=clamped_dswiglu)
+    out.update(clamped_swiglu=clamped_swiglu, clamped_dswiglu=clamped_dswiglu, situglu=situglu, dsituglu=dsituglu)
     return out

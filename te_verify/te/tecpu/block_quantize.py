@@ -20,6 +20,7 @@ from te_verify.te.tecpu import block_fp8, block_scales, block_storage, device, m
 from te_verify.te.tecpu.block_scales import tensor_amax
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import te_class
+from te_verify.te.tecpu.writes import write
 
 STORAGE_KINDS = {"MXFP8TensorStorage": "MXFP8Quantizer", "Float8BlockwiseQTensorStorage": "Float8BlockQuantizer",
                  "NVFP4TensorStorage": "NVFP4Quantizer"}
@@ -47,7 +48,7 @@ def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch
         amax = _given_amax(q, amax)
         for name in ("_amax_rowwise", "_amax_columnwise"):
             if getattr(output, name) is not None:
-                getattr(output, name).copy_(amax)
+                write(getattr(output, name), amax)
     if src.numel() == 0 or (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
         return output
     x = src.reshape(block_storage.dims2(shape))
@@ -64,7 +65,7 @@ def _mxfp8(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
                                             (q.columnwise_usage, True, "_columnwise_data", "_columnwise_scale_inv")):
         if usage:
             values, e = mxfp8.quantize(x, dtype, columnwise, q.with_2d_quantization)
-            getattr(out, data).copy_(values.reshape(shape))
+            write(getattr(out, data), values.reshape(shape))
             block_scales.store(getattr(out, scales), e, swizzled, transposed=columnwise)
 
 
@@ -75,11 +76,11 @@ def _block(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
     args = (dtype, two_d, q.force_pow_2_scales, q.amax_epsilon)
     rows = block_fp8.quantize(x, *args)
     if q.rowwise_usage:
-        out._rowwise_data.copy_(rows[0].reshape(shape))
+        write(out._rowwise_data, rows[0].reshape(shape))
         block_scales.store(out._rowwise_scale_inv, rows[1] if two_d else rows[1].t(), swizzled=False)
     if q.columnwise_usage:
         data, scale_inv = (rows[0].t(), rows[1]) if two_d else block_fp8.quantize(x.t(), *args)
-        out._columnwise_data.copy_(data.reshape(out._columnwise_data.shape))
+        write(out._columnwise_data, data.reshape(out._columnwise_data.shape))
         block_scales.store(out._columnwise_scale_inv, scale_inv.t(), swizzled=False)
 
 
@@ -99,16 +100,16 @@ def _nvfp4(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor | None) -
     if q.rowwise_usage:
         bits = random_bytes(tuple(x.shape)) if q.stochastic_rounding else None
         data, scales = _nvfp4_encode(q, x, amax, bits)
-        out._amax_rowwise.copy_(amax)
-        out._rowwise_data.copy_(data.reshape(out._rowwise_data.shape))
+        write(out._amax_rowwise, amax)
+        write(out._rowwise_data, data.reshape(out._rowwise_data.shape))
         block_scales.store(out._rowwise_scale_inv, scales, swizzled)
     if q.columnwise_usage:
         x_t = nvfp4.hadamard(x.t().contiguous(), q.rht_matrix) if q.with_rht else x.t()
         amax_t = tensor_amax(x_t).reshape(1) if q.with_rht else (_row_amax(x_t) if q.row_scaled_nvfp4 else amax)
         bits = random_bytes(tuple(x_t.shape)) if q.stochastic_rounding else None
         data, scales = _nvfp4_encode(q, x_t, amax_t, bits)
-        out._amax_columnwise.copy_(amax_t)
-        out._columnwise_data.copy_(data)
+        write(out._amax_columnwise, amax_t)
+        write(out._columnwise_data, data)
         block_scales.store(out._columnwise_scale_inv, scales, swizzled)
 
 
@@ -232,7 +233,7 @@ def fp8_transpose(input: torch.Tensor, dtype: Any, out: torch.Tensor | None = No
     result = input.reshape(m, n).t().reshape(n, *input.shape[:-1])
     if out is None:
         return result.contiguous()
-    out.copy_(result.reshape(out.shape))
+    write(out, result.reshape(out.shape))
     return out
 
 
@@ -247,7 +248,7 @@ def nvfp4_data_transpose(input: torch.Tensor, out: torch.Tensor | None = None) -
         return result
     if tuple(out.shape) != tuple(result.shape):
         raise RuntimeError("Output shape mismatch for NVFP4 transpose.")
-    return out.copy_(result)
+    return write(out, result)
 
 
 def nvfp4_2d_scale_transpose(input: torch.Tensor, output: torch.Tensor,  # noqa: A002 -- pybind's argument names
@@ -259,4 +260,4 @@ def nvfp4_2d_scale_transpose(input: torch.Tensor, output: torch.Tensor,  # noqa:
     if input.dtype != torch.uint8 or output.dtype != torch.uint8:
         raise RuntimeError("NVFP4 scale transpose input must be uint8 (E4M3).")
     tiles = input[0:M_tiles * nvfp4.BLOCK:nvfp4.BLOCK, :K_tiles]  # (M_tiles, K_tiles)
-    output[:K_tiles * nvfp4.BLOCK, :M_tiles] = tiles.t().repeat_interleave(nvfp4.BLOCK, 0)
+    write(output[:K_tiles * nvfp4.BLOCK, :M_tiles], tiles.t().repeat_interleave(nvfp4.BLOCK, 0))

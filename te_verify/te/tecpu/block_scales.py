@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from te_verify.te.tecpu.writes import write
+
 TILE_ROWS, TILE_COLS = 128, 4
 
 
@@ -48,10 +50,10 @@ def store(buffer: torch.Tensor, compact: torch.Tensor, swizzled: bool, transpose
         if flat.numel() != buffer.numel():
             raise RuntimeError(f"scale buffer of shape {tuple(buffer.shape)} cannot hold swizzled scales of "
                                f"{tuple(compact.shape)}")
-        buffer.reshape(-1).copy_(flat.view(buffer.dtype))
+        write(buffer.reshape(-1), flat.view(buffer.dtype))
     else:
-        buffer.zero_()
-        buffer[:compact.shape[0], :compact.shape[1]] = compact.view(buffer.dtype)
+        write(buffer, 0)
+        write(buffer[:compact.shape[0], :compact.shape[1]], compact.view(buffer.dtype))
 
 
 def load(buffer: torch.Tensor, rows: int, cols: int, swizzled: bool, transposed: bool = False) -> torch.Tensor:

@@ -25,6 +25,7 @@ from te_verify.te.tecpu import block_quantize, device, nvfp4
 from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import shape_of, te_class
+from te_verify.te.tecpu.writes import write
 
 
 def _is_fp8(t: Any) -> bool:
@@ -140,7 +141,7 @@ def _write(result: torch.Tensor, D: torch.Tensor | None, shape: list[int], dtype
         raise RuntimeError(f"GEMM output has invalid dims (expected {shape}, got {list(D.shape)})")
     if D.dtype != dtype:
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
-    D.copy_(result + beta * D.float() if accumulate else result)
+    write(D, result + beta * D.float() if accumulate else result)
     return D
 
 
@@ -197,14 +198,14 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             out = D[i] if D is not None else None
         if math.prod(shape_of(a)) == 0 or math.prod(shape_of(b)) == 0:  # TE's storages have no numel()
             if out is not None and out.numel() and not accumulate:
-                out.zero_()
+                write(out, 0)
             if bias[i].numel() and grad:
-                bias[i].zero_()
+                write(bias[i], 0)
             continue
         b_op = _operand(b, "B", transb)
         result = product(_operand(a, "A", transa), transa, b_op, transb)
         if bias[i].numel() and grad:
-            bias[i].copy_(operand_values(b_op).sum(0))
+            write(bias[i], operand_values(b_op).sum(0))
         elif bias[i].numel():
             result = result + bias[i].float()
         written = _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)

@@ -1,5 +1,5 @@
-"""tex's normalization functions in PyTorch: layernorm_fwd/bwd and rmsnorm_fwd/bwd (LayerNormLinear, LayerNormMLP,
-te.ops LayerNorm/RMSNorm).
+"""tex's normalization functions in PyTorch: layernorm_fwd/bwd, rmsnorm_fwd/bwd and rmsnorm_bwd_add (LayerNormLinear,
+LayerNormMLP, te.ops LayerNorm/RMSNorm and te.ops' fused backward of RMSNorm behind MakeExtraOutput).
 
 Semantics follow TE's C++ (csrc/extensions/normalization.cpp; common/normalization/{layernorm,rmsnorm}/*_kernels.cuh,
 ln_api.cpp), main of 2026-08-22:
@@ -13,7 +13,8 @@ ln_api.cpp), main of 2026-08-22:
   transposed copy, where the usage asks for one, is nvte_transpose of the rowwise data (ln_api.cpp).
 - Backward, in fp32: xhat = (x - mu) * rsigma, dy = dz * gamma; dx = rsigma * (dy - mean(dy) - xhat * mean(dy * xhat))
   (RMSNorm without the mean(dy) term), dgamma = sum over rows of dz * xhat, dbeta = sum of dz; dx in x's dtype,
-  dgamma and dbeta in gamma's.
+  dgamma and dbeta in gamma's. rmsnorm_bwd_add adds `add` to the fp32 dx before that rounding
+  (rmsnorm_bwd_kernels.cuh, FusedAdd).
 sm_margin only sets how many SMs the kernels use (no effect on values): accepted when it is a non-negative int.
 Refused (Unemulated): a quantized input, a preallocated output (TE's Python passes None), cuDNN's normalization
 backend (NVTE_NORM_FWD_USE_CUDNN / NVTE_NORM_BWD_USE_CUDNN: other kernels), and what `quantize` refuses.
@@ -96,8 +97,10 @@ def rmsnorm_fwd(input: Any, weight: torch.Tensor, eps: float, ln_out: Any, quant
 
 
 def _backward(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor | None, rsigma: torch.Tensor, gamma: torch.Tensor,
-              sm_margin: int, zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dgamma, dbeta) of LayerNorm (mu given) or RMSNorm (mu None), with TE's output dtypes."""
+              sm_margin: int, zero_centered_gamma: bool, add: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dgamma, dbeta) of LayerNorm (mu given) or RMSNorm (mu None), with TE's output dtypes; `add` joins dx
+    in fp32, before its rounding to x's dtype (the kernels' FusedAdd)."""
     _check_call(x, gamma, None, 0.0, None, sm_margin)
     rows = _rows(x)
     centered = rows - mu.float()[:, None] if mu is not None else rows
@@ -107,7 +110,10 @@ def _backward(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor | None, rsigma
     inner = dy - xhat * (dy * xhat).mean(-1, keepdim=True)
     if mu is not None:
         inner = inner - dy.mean(-1, keepdim=True)
-    dx = (rsigma.float()[:, None] * inner).to(x.dtype).reshape(x.shape)
+    dx = rsigma.float()[:, None] * inner
+    if add is not None:
+        dx = dx + _rows(add)
+    dx = dx.to(x.dtype).reshape(x.shape)
     return dx, (dzf * xhat).sum(0).to(gamma.dtype), dzf.sum(0).to(gamma.dtype)
 
 
@@ -121,4 +127,15 @@ def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: 
                 zero_centered_gamma: bool) -> list[torch.Tensor]:
     """tex.rmsnorm_bwd -> [dx, dgamma]."""
     dx, dgamma, _ = _backward(dz, x, None, rsigma, gamma, sm_margin, zero_centered_gamma)
+    return [dx, dgamma]
+
+
+def rmsnorm_bwd_add(dz: torch.Tensor, x: torch.Tensor, add: torch.Tensor, rsigma: torch.Tensor,
+                    gamma: torch.Tensor, sm_margin: int, zero_centered_gamma: bool) -> list[torch.Tensor]:
+    """tex.rmsnorm_bwd_add -> [dx, dgamma]: rmsnorm_bwd's, with `add` (another branch's gradient of x) added to
+    the fp32 dx in the kernel (rmsnorm_api.cpp: `add` in gamma's dtype and x's shape)."""
+    if add.dtype != gamma.dtype or add.shape != x.shape:
+        raise RuntimeError(f"rmsnorm_bwd_add: add {add.dtype} {list(add.shape)} must have gamma's dtype "
+                           f"{gamma.dtype} and x's shape {list(x.shape)}")
+    dx, dgamma, _ = _backward(dz, x, None, rsigma, gamma, sm_margin, zero_centered_gamma, add)
     return [dx, dgamma]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.writes import write
 
 
 def _check(input: torch.Tensor, output: torch.Tensor, rows: list[int], out_rows: list[int], what: str) -> None:
@@ -40,9 +41,9 @@ def _copy_splits(input: torch.Tensor, output: torch.Tensor, in_rows: list[int], 
     in_at = out_at = 0
     for n_in, n_out, n_copy in zip(in_rows, out_rows, copied):
         if n_in:
-            output[out_at:out_at + n_copy] = input[in_at:in_at + n_copy]
+            write(output[out_at:out_at + n_copy], input[in_at:in_at + n_copy])
             if zero_tail:
-                output[out_at + n_copy:out_at + n_out] = 0
+                write(output[out_at + n_copy:out_at + n_out], 0)
         in_at += n_in
         out_at += n_out
     if in_at > input.shape[0] or out_at > output.shape[0]:

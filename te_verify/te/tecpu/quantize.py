@@ -22,6 +22,7 @@ from te_verify.te import fp8
 from te_verify.te.tecpu import block_quantize, block_storage, device
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import te_class
+from te_verify.te.tecpu.writes import write
 
 FP8_DTYPES = {"kFloat8E4M3": torch.float8_e4m3fn, "kFloat8E5M2": torch.float8_e5m2}
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -104,9 +105,9 @@ def _coerce(q: Any, out: Any) -> None:
 
 def _cast_into(out: Any, x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> None:
     if out._data is not None:
-        out._data.copy_(fp8.quantize(x, scale, dtype).view(torch.uint8))
+        write(out._data, fp8.quantize(x, scale, dtype).view(torch.uint8))
     if out._transpose is not None:
-        out._transpose.copy_(fp8.quantize(_transposed(x), scale, dtype).view(torch.uint8))
+        write(out._transpose, fp8.quantize(_transposed(x), scale, dtype).view(torch.uint8))
 
 
 def amax_of(x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +121,7 @@ def _quantize_into(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor |
     dtype = fp8_torch_dtype(q.dtype)
     amax = amax_of(x) if given_amax is None else given_amax.float().reshape(())
     if _kind(q) == "Float8Quantizer":  # delayed scaling: the current scale, amax into the history slot
-        q.amax.copy_(torch.maximum(q.amax, amax.reshape(q.amax.shape).to(q.amax.dtype)))
+        write(q.amax, torch.maximum(q.amax, amax.reshape(q.amax.shape).to(q.amax.dtype)))
         scale = q.scale.float().reshape(())
     else:
         if q.with_amax_reduction:
@@ -128,7 +129,7 @@ def _quantize_into(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor |
         # nvte_compute_scale_from_amax passes fp32's max for an infinite scale, whatever the input dtype.
         scale = torch.tensor(compute_scale_from_amax(float(amax), fp8.FP8_MAX[dtype], q.force_pow_2_scales,
                                                      q.amax_epsilon), dtype=torch.float32, device=device.EMULATED)
-    out._scale_inv.copy_(torch.reciprocal(scale).reshape(out._scale_inv.shape))
+    write(out._scale_inv, torch.reciprocal(scale).reshape(out._scale_inv.shape))
     _cast_into(out, x, scale, dtype)
 
 
@@ -238,7 +239,7 @@ def _update_slot(history: torch.Tensor, scale: torch.Tensor, slot: int, reduced:
     if last != 0:
         window = torch.cat([history[1:], last.reshape(1)])
         amax = window.nan_to_num(nan=0.0, posinf=float("inf")).max()  # fmaxf skips NaN
-        history.copy_(torch.cat([torch.zeros(1, device=device.EMULATED), window[1:]]))
+        write(history, torch.cat([torch.zeros(1, device=device.EMULATED), window[1:]]))
     if algo == "most_recent":
         amax = last
     if torch.isfinite(amax) and amax > 0:
@@ -247,4 +248,4 @@ def _update_slot(history: torch.Tensor, scale: torch.Tensor, slot: int, reduced:
         value = scale[slot].clone()
     if torch.isinf(value):
         value = torch.tensor(FLOAT32_MAX, device=device.EMULATED)
-    scale[slot] = value
+    write(scale[slot], value)

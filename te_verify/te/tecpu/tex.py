@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import activation, block_quantize, gemm, norm, padding, quantize
+from te_verify.te.tecpu import activation, block_quantize, dropout, gemm, norm, padding, quantize, scaled_activation
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -32,6 +32,10 @@ EMULATED: dict[str, Callable] = {
     "layernorm_bwd": norm.layernorm_bwd,
     "rmsnorm_fwd": norm.rmsnorm_fwd,
     "rmsnorm_bwd": norm.rmsnorm_bwd,
+    "rmsnorm_bwd_add": norm.rmsnorm_bwd_add,
+    # te.ops Dropout's fused path (FP16/BF16 in training).
+    "dropout_fwd": dropout.dropout_fwd,
+    "dropout_bwd": dropout.dropout_bwd,
     "fused_amax_and_scale_update_after_reduction": quantize.fused_amax_and_scale_update_after_reduction,
     # Fp8Padding / Fp8Unpadding around GroupedLinear (splits aligned for the quantized grouped GEMM).
     "fused_multi_row_padding": padding.fused_multi_row_padding,
@@ -50,6 +54,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     "create_empty_quantized_tensor": quantize.create_empty_quantized_tensor,
     # gelu, dgelu, dbias_dgelu, relu, ..., swiglu, dswiglu (activation.py; TE 2.8's tex has no glu).
     **activation.functions(),
+    # scaled_swiglu, scaled_dswiglu, ..., scaled_dsrelu (TE >= 2.19; the SiTU ones >= 2.20).
+    **scaled_activation.functions(),
 }
 
 
