@@ -16,6 +16,7 @@ from typing import Callable
 
 import pytest
 import torch
+from activation_bounds import assert_within
 
 from te_verify.te import tecpu
 from te_verify.te.tecpu import triton_kernels
@@ -57,16 +58,6 @@ def operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     scales = torch.randn(ROWS, generator=gen) + 0.25
     dy = torch.randn(ROWS, WIDTH // 2, generator=gen).to(dtype)
     return x, scales, dy
-
-
-def assert_within(got: torch.Tensor, want: torch.Tensor, floor: torch.Tensor, what: str) -> None:
-    err = (got.double() - want).abs()
-    rel = 2.0 ** -8 + 1e-6 if got.dtype == torch.bfloat16 else 2.0 ** -20
-    bad = err > want.abs() * rel + floor
-    if bad.any():
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        pytest.fail(f"{what}: {int(bad.sum())} of {got.numel()} elements beyond the bound, first at {first}: "
-                    f"{float(got[first])} vs {float(want[first])}")
 
 
 def check(fwd: Callable, bwd: Callable, definition: Callable, x: torch.Tensor, scales: torch.Tensor,

@@ -15,6 +15,7 @@ from typing import Callable
 
 import pytest
 import torch
+from activation_bounds import assert_within, call
 
 from te_verify.te import tecpu
 from te_verify.te.tecpu import activation
@@ -49,22 +50,6 @@ def operand(dtype: torch.dtype, beta1: float, beta2: float) -> torch.Tensor:
              "|g| > beta2": g.abs() > beta2, "|g| < beta2": g.abs() < beta2}
     assert all(int(m.sum()) >= 2 for m in sides.values()), {k: int(m.sum()) for k, m in sides.items()}
     return x
-
-
-def assert_within(got: torch.Tensor, want: torch.Tensor, floor: torch.Tensor, what: str) -> None:
-    """Every element within its bound (module docstring), the first offender named."""
-    err = (got.double() - want).abs()
-    rel = 2.0 ** -8 + 1e-6 if got.dtype == torch.bfloat16 else 2.0 ** -20
-    bad = err > want.abs() * rel + floor
-    if bad.any():
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        pytest.fail(f"{what}: {int(bad.sum())} of {got.numel()} elements beyond the bound, first at {first}: "
-                    f"{float(got[first])} vs {float(want[first])}")
-
-
-def call(fn: Callable, params: tuple | None, *args: torch.Tensor) -> torch.Tensor:
-    """tex's call: positional parameters, or none (pybind's defaults)."""
-    return fn(*args, None) if params is None else fn(*args, None, *params)
 
 
 def check(te: types.SimpleNamespace, dtype: torch.dtype, params: tuple | None) -> None:
