@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from te_verify.te.tecpu.record import GEMM_ARGS, GROUPED_ARGS, ROLES_BY_LAYOUT, _buffers
+from te_verify.te.tecpu.record import GEMM_ARGS, GROUPED_ARGS, ROLES_BY_LAYOUT, quantized_buffers
 
 # Which operand of each GEMM role holds the weight (or, for wgrad, the input whose site names the weight), and the
 # role of each operand.
@@ -37,14 +37,14 @@ class GemmSites:
     def note(self, index: int, out: Any) -> None:
         """The `index`-th quantization made `out`: its wrapper and buffers (a saved copy may keep only the
         columnwise buffer, or be rewrapped) lead back to it."""
-        for obj in (out, *_buffers(out)):
+        for obj in (out, *quantized_buffers(out)):
             try:
                 self._made[id(obj)] = (weakref.ref(obj), index)
             except TypeError:  # an object without weak references: its buffers still name it
                 continue
 
     def _made_by(self, operand: Any) -> int | None:
-        for obj in (operand, *_buffers(operand)):
+        for obj in (operand, *quantized_buffers(operand)):
             entry = self._made.get(id(obj))
             if entry is not None and entry[0]() is obj:  # not another object at a freed one's id
                 return entry[1]

@@ -138,7 +138,7 @@ class TexRecord:
     copies: dict[RootKey, CopySeen] = field(default_factory=dict)
 
 
-def _buffers(q: Any) -> list[torch.Tensor]:
+def quantized_buffers(q: Any) -> list[torch.Tensor]:
     """The plain tensors a quantized tensor holds (rowwise/columnwise data and scales; not a transpose marked
     invalid, which TE's C++ never reads)."""
     names = ("_data", "_transpose", "_scale_inv", "_rowwise_data", "_columnwise_data", "_rowwise_scale_inv",
@@ -191,7 +191,7 @@ class TexRecorder:
     def root(self, t: Any) -> RootKey | None:
         """The provenance root of an operand: through quantized copies (or a slice of one) back to the source
         tensor; a plain tensor's (or a slice's) own root."""
-        buffers = _buffers(t) or ([t] if type(t) in (torch.Tensor, torch.nn.Parameter) else [])
+        buffers = quantized_buffers(t) or ([t] if type(t) in (torch.Tensor, torch.nn.Parameter) else [])
         if not buffers:  # None, or a wrapper (e.g. a QuantizedTensor) holding no buffers: nothing to follow
             return None
         key, seen = self.key(buffers[0]), set()
@@ -211,7 +211,7 @@ class TexRecorder:
 
     def note_copy(self, source: torch.Tensor, copy: Any) -> None:
         """Map every buffer of a quantized copy to its source's root."""
-        buffers, root = _buffers(copy), self.root(source)
+        buffers, root = quantized_buffers(copy), self.root(source)
         self._map(buffers, root)
         self.record.copy_bytes[self.key(buffers[0])] = sum(b.numel() * b.element_size() for b in buffers)
         copy_layouts.note(self.record.copies, self.key(buffers[0]), copy, root, self.phase)
@@ -241,12 +241,12 @@ class TexRecorder:
         m = b_cols if transb else b_rows
         n = a_rows if transa else a_cols
         k = a_cols if transa else a_rows
-        fp8 = bool(_buffers(a)) or bool(_buffers(b))
+        fp8 = bool(quantized_buffers(a)) or bool(quantized_buffers(b))
         layout = ("T" if transa else "N") + ("T" if transb else "N")
         read = a_rows * a_cols * _element_bytes(a) + b_rows * b_cols * _element_bytes(b)
         for t, rowwise in ((a, transa), (b, not transb)):  # the layout each operand is read in
-            if _buffers(t):
-                copy_layouts.note(self.record.copies, self.key(_buffers(t)[0]), t, self.root(t), self.phase,
+            if quantized_buffers(t):
+                copy_layouts.note(self.record.copies, self.key(quantized_buffers(t)[0]), t, self.root(t), self.phase,
                                   (ROLES_BY_LAYOUT.get(layout, "unknown"), "rowwise" if rowwise else "columnwise"))
         return TexGemm(self.phase, self.pass_index, op, layout, bool(grad), m, n, k, fp8, bool(accumulate),
                        self.root(a), self.root(b), self.root(d) if isinstance(d, torch.Tensor) else None, read)
@@ -273,7 +273,7 @@ class TexRecorder:
     def _wrap_quantize(self, original: Callable) -> Callable:
         def quantize(tensor, quantizer, output=None, noop=None, *args: Any, **kwargs: Any):
             out = original(tensor, quantizer, output, noop, *args, **kwargs)
-            if _buffers(out):
+            if quantized_buffers(out):
                 self.note_copy(tensor, out)
             return out
         return quantize
@@ -282,7 +282,7 @@ class TexRecorder:
         def split_quantize(tensor, split_sections, quantizer_list, *args: Any, **kwargs: Any):
             outs = original(tensor, split_sections, quantizer_list, *args, **kwargs)
             for chunk, out in zip(torch.split(tensor, list(split_sections)), outs):
-                if _buffers(out):
+                if quantized_buffers(out):
                     self.note_copy(chunk, out)
             return outs
         return split_quantize
@@ -290,7 +290,7 @@ class TexRecorder:
     def _wrap_bgrad_quantize(self, original: Callable) -> Callable:
         def bgrad_quantize(input, quantizer):  # noqa: A002 -- pybind's argument name
             grad_bias, out = original(input, quantizer)
-            if _buffers(out):
+            if quantized_buffers(out):
                 self.note_copy(input, out)
             return [grad_bias, out]
         return bgrad_quantize
@@ -299,7 +299,7 @@ class TexRecorder:
         def dequantize(*args: Any, **kwargs: Any):
             named = dict(zip(("input", "otype"), args), **kwargs)
             out = original(*args, **kwargs)
-            if isinstance(out, torch.Tensor) and _buffers(named["input"]):  # a high-precision copy a GEMM may read
+            if isinstance(out, torch.Tensor) and quantized_buffers(named["input"]):  # a high-precision copy a GEMM may read
                 self._map([out], self.root(named["input"]))
             return out
         return dequantize
@@ -313,7 +313,7 @@ class TexRecorder:
 
 def _element_bytes(t: Any) -> int:
     """Bytes per element a GEMM reads of an operand: 1 for an FP8 copy (its data buffers), else its element size."""
-    buffers = _buffers(t)  # the data (or its transpose) first
+    buffers = quantized_buffers(t)  # the data (or its transpose) first
     return buffers[0].element_size() if buffers else t.element_size()
 
 
