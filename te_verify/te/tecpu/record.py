@@ -299,7 +299,8 @@ class TexRecorder:
         def dequantize(*args: Any, **kwargs: Any):
             named = dict(zip(("input", "otype"), args), **kwargs)
             out = original(*args, **kwargs)
-            if isinstance(out, torch.Tensor) and quantized_buffers(named["input"]):  # a high-precision copy a GEMM may read
+            # a high-precision copy a GEMM may read
+            if isinstance(out, torch.Tensor) and quantized_buffers(named["input"]):
                 self._map([out], self.root(named["input"]))
             return out
         return dequantize
