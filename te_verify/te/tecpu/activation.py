@@ -177,6 +177,28 @@ def dbias_dactivation(name: str) -> Callable:
     return backward
 
 
+def _param_forward(halves: Callable, input: torch.Tensor, quantizer: Any, *params: float) -> Any:
+    """A parametrised gated activation: act(a) * gate over [a | g], `halves` giving (act, act', gate, gate')."""
+    activation_output.kind_of(quantizer)
+    act, _, gate, _ = halves(_values(input), *params)
+    _check_gated_mxfp8(quantizer, act.shape[-1], "FWD")
+    return activation_output.write(act * gate, quantizer, input.dtype)
+
+
+def _param_backward(name: str, halves: Callable, grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any,
+                    *params: float) -> Any:
+    """Its gradient [(act' grad) gate | (gate' grad) act], in the input's dtype or quantized."""
+    activation_output.kind_of(quantizer)
+    act, dact, gate, dgate = halves(_values(fwd_input), *params)
+    dy = _values(grad)
+    if dy.shape != act.shape:
+        raise RuntimeError(f"{name}: grad {list(dy.shape)} is not half of input {list(fwd_input.shape)}")
+    _check_gated_mxfp8(quantizer, act.shape[-1], "BWD")
+    # The kernels' products in their order: (act' * grad) * gate, (gate' * grad) * act.
+    return activation_output.write(torch.cat([dact * dy * gate, dgate * dy * act], dim=-1), quantizer,
+                                   fwd_input.dtype)
+
+
 def _clamped_halves(x: torch.Tensor, limit: float, alpha: float, offset: float) -> tuple[torch.Tensor, ...]:
     """fp32 [a | g] -> (act(a), act'(a), gate, gate'): clamped SwiGLU's two halves and their derivatives."""
     a, g = _halves(x)
@@ -189,26 +211,15 @@ def _clamped_halves(x: torch.Tensor, limit: float, alpha: float, offset: float) 
 
 def clamped_swiglu(input: torch.Tensor, quantizer: Any, limit: float = 7.0, alpha: float = 1.702,
                    glu_linear_offset: float = 1.0) -> Any:
-    """tex.clamped_swiglu (pybind.cpp's argument names and defaults): act(a) * gate over [a | g] (module
-    docstring), in the input's dtype or quantized."""
-    activation_output.kind_of(quantizer)
-    act, _, gate, _ = _clamped_halves(_values(input), limit, alpha, glu_linear_offset)
-    _check_gated_mxfp8(quantizer, act.shape[-1], "FWD")
-    return activation_output.write(act * gate, quantizer, input.dtype)
+    """tex.clamped_swiglu (pybind.cpp's argument names and defaults; module docstring)."""
+    return _param_forward(_clamped_halves, input, quantizer, limit, alpha, glu_linear_offset)
 
 
 def clamped_dswiglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any, limit: float = 7.0,
                     alpha: float = 1.702, glu_linear_offset: float = 1.0) -> Any:
-    """tex.clamped_dswiglu: [grad act'(a) gate | gate' grad act(a)], in the input's dtype or quantized."""
-    activation_output.kind_of(quantizer)
-    act, dact, gate, dgate = _clamped_halves(_values(fwd_input), limit, alpha, glu_linear_offset)
-    dy = _values(grad)
-    if dy.shape != act.shape:
-        raise RuntimeError(f"clamped_dswiglu: grad {list(dy.shape)} is not half of input {list(fwd_input.shape)}")
-    _check_gated_mxfp8(quantizer, act.shape[-1], "BWD")
-    # The kernel's products in its order: (act' * grad) * gate, (gate' * grad) * act.
-    dx = torch.cat([dact * dy * gate, dgate * dy * act], dim=-1)
-    return activation_output.write(dx, quantizer, fwd_input.dtype)
+    """tex.clamped_dswiglu."""
+    return _param_backward("clamped_dswiglu", _clamped_halves, grad, fwd_input, quantizer, limit, alpha,
+                           glu_linear_offset)
 
 
 def _situ_halves(x: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, ...]:
@@ -220,25 +231,14 @@ def _situ_halves(x: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Ten
 
 
 def situglu(input: torch.Tensor, quantizer: Any, beta1: float = 4.0, beta2: float = 25.0) -> Any:
-    """tex.situglu (pybind.cpp's argument names and defaults): act(a) * gate over [a | g] (module docstring), in the
-    input's dtype or quantized."""
-    activation_output.kind_of(quantizer)
-    act, _, gate, _ = _situ_halves(_values(input), beta1, beta2)
-    _check_gated_mxfp8(quantizer, act.shape[-1], "FWD")
-    return activation_output.write(act * gate, quantizer, input.dtype)
+    """tex.situglu (pybind.cpp's argument names and defaults; module docstring)."""
+    return _param_forward(_situ_halves, input, quantizer, beta1, beta2)
 
 
 def dsituglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any, beta1: float = 4.0,
              beta2: float = 25.0) -> Any:
-    """tex.dsituglu: [(act'(a) grad) gate | (gate'(g) grad) act(a)], in the input's dtype or quantized."""
-    activation_output.kind_of(quantizer)
-    act, dact, gate, dgate = _situ_halves(_values(fwd_input), beta1, beta2)
-    dy = _values(grad)
-    if dy.shape != act.shape:
-        raise RuntimeError(f"dsituglu: grad {list(dy.shape)} is not half of input {list(fwd_input.shape)}")
-    _check_gated_mxfp8(quantizer, act.shape[-1], "BWD")
-    return activation_output.write(torch.cat([dact * dy * gate, dgate * dy * act], dim=-1), quantizer,
-                                   fwd_input.dtype)
+    """tex.dsituglu."""
+    return _param_backward("dsituglu", _situ_halves, grad, fwd_input, quantizer, beta1, beta2)
 
 
 def functions() -> dict[str, Callable]:
