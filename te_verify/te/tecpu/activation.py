@@ -224,7 +224,11 @@ def clamped_dswiglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any,
 
 def _situ_halves(x: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, ...]:
     """fp32 [a | g] -> (act(a), act'(a), gate, gate'): SiTU-GLU's two halves and their derivatives (math.h)."""
-    a, g = _halves(x)
+    return situ_of(*_halves(x), beta1, beta2)
+
+
+def situ_of(a: torch.Tensor, g: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, ...]:
+    """_situ_halves over a and g already apart (the scaled activations' interleaved layouts split them)."""
     b1, b2 = _f(beta1), _f(beta2)
     t, s, u = torch.tanh(a / b1), _sigmoid(a), torch.tanh(g / b2)
     return b1 * t * s, (1.0 - t * t) * s + b1 * t * s * (1.0 - s), b2 * u, 1.0 - u * u

@@ -44,7 +44,7 @@ def _clamped(limit: float, alpha: float, offset: float) -> Callable[[torch.Tenso
 
 def _situ(beta1: float, beta2: float) -> Callable[[torch.Tensor, torch.Tensor], Halves]:
     def halves(a: torch.Tensor, g: torch.Tensor) -> Halves:
-        return activation._situ_halves(torch.cat([a, g], -1), beta1, beta2)
+        return activation.situ_of(a, g, beta1, beta2)
 
     return halves
 
