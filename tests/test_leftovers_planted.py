@@ -5,6 +5,7 @@ Each is caught by its own check, naming the element; every other check of the ca
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Iterator
 
 import pytest
@@ -87,6 +88,39 @@ def test_cache_growing_every_step_fails_memory_retained_naming_its_holder():
     assert "a training step after the measured one retained 3,072 B beyond the gradients (cpu_storage_tracker)" in \
         failed["memory_retained"]
     assert "held by the backend's callable (closure outputs)[1]" in failed["memory_retained"]
+
+
+class CycleEachStep(EagerBackend):
+    """Clean: each forward leaves a copy of its output in a reference cycle it drops, garbage that only a collection
+    frees (reference counting never does)."""
+
+    name = "clean_cycle_each_step"
+
+    def prepare(self, model, spec):
+        model = super().prepare(model, spec)
+
+        def forward(x):
+            out = model(x)
+            cycle = {"copy": out.detach().clone()}
+            cycle["self"] = cycle
+            return out
+
+        return forward
+
+
+def test_garbage_cycle_each_step_passes_memory_retained_collected_among_the_case_own_objects(monkeypatch):
+    """The settle loop's collections free the cycle while every object older than the measured step is frozen out of
+    them (what keeps a collection's cost independent of a worker's age), and the run leaves nothing frozen."""
+    collect, seen_frozen = gc.collect, []
+    monkeypatch.setattr(gc, "collect", lambda *a: (seen_frozen.append(gc.get_freeze_count()), collect(*a))[1])
+    gc.disable()  # no automatic collection may free the cycle first
+    try:
+        failed = torch_lane(CycleEachStep())
+    finally:
+        gc.enable()
+    assert "memory_retained" not in failed and not failed, failed
+    assert seen_frozen and min(seen_frozen) > 0, seen_frozen
+    assert gc.get_freeze_count() == 0
 
 
 def _leftovers(verdicts: list[Verdict]) -> dict[str, Verdict]:
