@@ -1,10 +1,10 @@
 """Planted TE-lane backends for tests of the lane itself.
 
-`SoftmaxLinearTE` runs each layer as TE's Linear followed by TE's ScaledSoftmax (attention's
-`scaled_softmax_forward`), which reaches tex.scaled_softmax_forward: a tex function the emulation does not emulate
-(tex.layernorm_fwd, tex.gelu, tex.situglu and tex.scaled_srelu, this backend's functions before, are emulated
-since; te/tecpu/norm.py, activation.py, scaled_activation.py). Its cases must error naming the function and TE's
-call site, never pass.
+`RoPELinearTE` runs each layer as TE's Linear followed by TE's fused rotary position embedding
+(`apply_rotary_pos_emb(..., fused=True)`), which reaches tex.fused_rope_forward: a tex function the emulation does
+not emulate (tex.layernorm_fwd, tex.gelu, tex.situglu, tex.scaled_srelu and tex.scaled_softmax_forward, this
+backend's functions before, are emulated since; te/tecpu/norm.py, activation.py, scaled_activation.py,
+attention.py). Its cases must error naming the function and TE's call site, never pass.
 """
 from __future__ import annotations
 
@@ -14,20 +14,22 @@ import torch
 
 from te_verify.te import api as te_api
 
-SOFTMAX = "transformer_engine.pytorch.attention.dot_product_attention.softmax"
+ROPE = "transformer_engine.pytorch.attention.rope"
 
 
-class _ScaledSoftmax(torch.nn.Module):
-    """TE's ScaledSoftmax forward (scale 1) over the layer's output."""
+class _FusedRoPE(torch.nn.Module):
+    """TE's fused RoPE over the layer's output, its rows as positions (zero frequencies: the identity)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return importlib.import_module(SOFTMAX).scaled_softmax_forward(x, 1.0)
+        rows = x.reshape(x.shape[0], 1, 1, -1)
+        freqs = torch.zeros(x.shape[0], 1, 1, rows.shape[-1])
+        return importlib.import_module(ROPE).apply_rotary_pos_emb(rows, freqs, fused=True).reshape(x.shape)
 
 
-class SoftmaxLinearTE:
-    """TE's Linear over the model's Linear weights, then TE's ScaledSoftmax (the part the emulation lacks)."""
+class RoPELinearTE:
+    """TE's Linear over the model's Linear weights, then TE's fused RoPE (the part the emulation lacks)."""
 
-    name = "te_softmax_linear"
+    name = "te_rope_linear"
     lane = "te"
 
     def available(self) -> tuple[bool, str]:
@@ -40,5 +42,5 @@ class SoftmaxLinearTE:
             module = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                                params_dtype=layer.weight.dtype)
             module.weight, module.bias = layer.weight, layer.bias
-            layers += [module, _ScaledSoftmax()]
+            layers += [module, _FusedRoPE()]
         return torch.nn.Sequential(*layers)

@@ -38,22 +38,22 @@ def source_line(te, relative: str, line: int) -> str:
 
 
 def test_direct_call_of_unemulated_tex_function_names_it(te) -> None:
-    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.scaled_softmax_forward is not emulated"):
-        te.tex.scaled_softmax_forward(torch.zeros(2, 4, 8, 8, dtype=torch.bfloat16), 1.0)
+    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.fused_rope_forward is not emulated"):
+        te.tex.fused_rope_forward(torch.zeros(4, 1, 1, 8), torch.zeros(4, 1, 1, 8))
 
 
-def test_te_softmax_forward_names_function_and_te_call_site(te) -> None:
-    """TE's ScaledSoftmax (attention) reaches tex.scaled_softmax_forward, which the emulation lacks (gelu,
-    layernorm_fwd, situglu and scaled_srelu, the examples before, are emulated: te/tecpu/activation.py, norm.py,
-    scaled_activation.py)."""
-    from transformer_engine.pytorch.attention.dot_product_attention import softmax
+def test_te_fused_rope_names_function_and_te_call_site(te) -> None:
+    """TE's fused RoPE (attention) reaches tex.fused_rope_forward, which the emulation lacks (gelu, layernorm_fwd,
+    situglu, scaled_srelu and scaled_softmax_forward, the examples before, are emulated: te/tecpu/activation.py,
+    norm.py, scaled_activation.py, attention.py)."""
+    from transformer_engine.pytorch.attention import rope
 
     with pytest.raises(tecpu.Unemulated) as info:
-        softmax.scaled_softmax_forward(torch.randn(2, 4, 8, 8).bfloat16(), 1.0)
-    assert "transformer_engine_torch.scaled_softmax_forward" in str(info.value), f"message: {info.value}"
+        rope.apply_rotary_pos_emb(torch.randn(4, 1, 1, 8), torch.zeros(4, 1, 1, 8), fused=True)
+    assert "transformer_engine_torch.fused_rope_forward" in str(info.value), f"message: {info.value}"
     path, line = te_call_site(info.value)
-    assert "tex.scaled_softmax_forward" in source_line(te, path, line), \
-        f"{path}:{line} is not where TE calls tex.scaled_softmax_forward"
+    assert "tex.fused_rope_forward" in source_line(te, path, line), \
+        f"{path}:{line} is not where TE calls tex.fused_rope_forward"
 
 
 def test_name_outside_the_surface_is_attribute_error(te) -> None:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import activation, block_quantize, dropout, gemm, norm, padding, quantize, scaled_activation
+from te_verify.te.tecpu import activation, attention, block_quantize, dropout, gemm, norm, padding, quantize, scaled_activation
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -56,6 +56,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **activation.functions(),
     # scaled_swiglu, scaled_dswiglu, ..., scaled_dsrelu (TE >= 2.19; the SiTU ones >= 2.20).
     **scaled_activation.functions(),
+    # DotProductAttention: no fused backend (cuDNN's); the unfused path's fused softmax kernels.
+    **attention.functions(),
 }
 
 
