@@ -85,7 +85,7 @@ def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
     if lacks_api and not any(p.name.startswith("compile") for p in passes) and \
             any(b.startswith("torch_compile_te") for b in backends):
         print("te-verify: torch_compile_te runs here with TE's modules falling back to eager (this torch lacks TE's "
-              "compile API); scripts/bootstrap_compile.sh builds the environment where its compiled path runs",
+              "compile API); `bash scripts/bootstrap.sh --compile` builds the environment where its compiled path runs",
               file=sys.stderr)
     return passes
 

@@ -4,7 +4,7 @@ one report.
 On a CPU machine the compute capability is the emulation's choice (te_verify.matrix.capability says which TE cases
 run at which), and TE's torch.compile path needs a newer torch than the one every other lane runs on: thunder 0.2.6,
 the newest release, does not import on torch >= 2.14 (lightning-thunder#2833), so the pinned stack stays on torch
-2.13 and TE's compiled path runs in a second environment (.venv-compile, scripts/bootstrap_compile.sh). The passes:
+2.13 and TE's compiled path runs in a second environment (.venv-compile, `scripts/bootstrap.sh --compile`). The passes:
 
 - `sm90`: every selected backend's cases but torch_compile_te's where the compile environment serves it;
 - `sm100`: the TE cases that run at sm100 (MXFP8, NVFP4, the custom recipe; grouped modules under FP8 at both);
