@@ -30,6 +30,8 @@ def _swiglu(a: torch.Tensor, g: torch.Tensor) -> Halves:
 
 
 def _clamped(limit: float, alpha: float, offset: float) -> Callable[[torch.Tensor, torch.Tensor], Halves]:
+    # Not activation._clamped_halves: scaled_activation.cu's fused derivative s + alpha x s (1 - s) rounds otherwise
+    # than math.h's clamped_dsilu (alpha x dsigmoid(alpha x) + sigmoid(alpha x)), which the plain kernel uses.
     lim, al = torch.tensor(limit, dtype=torch.float32), torch.tensor(alpha, dtype=torch.float32)
 
     def halves(a: torch.Tensor, g: torch.Tensor) -> Halves:
