@@ -149,6 +149,8 @@ SMALLEST: dict[str, Smallest] = {
     "pytest cases/test_dist_ddp.py --tier pr --backend examples.user_engine:FlatAllReduceSGD": Smallest(
         None, "tests/test_public_api.py runs the engine's cases"),
     ".venv/bin/python scripts/bench_probes.py --no-case eager thunder torch_compile": Smallest(None, "a benchmark"),
+    ".venv/bin/python scripts/bench_retention_gc.py": Smallest(
+        ".venv/bin/python scripts/bench_retention_gc.py --objects 0", "no kept objects: six settles, about 5 s"),
     ".venv/bin/python scripts/bench_thunder.py": Smallest(None, "a benchmark"),
     ".venv/bin/python scripts/bench_process_state.py": Smallest(
         ".venv/bin/python scripts/bench_process_state.py --repeats 3", "three timed calls per figure (seconds)"),
