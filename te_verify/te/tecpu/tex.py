@@ -13,7 +13,8 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import activation, attention, block_quantize, dropout, gemm, norm, padding, quantize, scaled_activation
+from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, norm, optimizers, padding,
+                                quantize, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -58,6 +59,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **scaled_activation.functions(),
     # DotProductAttention: no fused backend (cuDNN's); the unfused path's fused softmax kernels.
     **attention.functions(),
+    # FusedAdam / FusedSGD: multi_tensor_adam and its capturable forms, multi_tensor_sgd.
+    **optimizers.functions(),
 }
 
 
