@@ -102,16 +102,23 @@ class _ScalesFirstWeightGrad:
         return model
 
 
+CORRECT_ORDERS = range(101, 109)  # seeds none of the case's own orders (1 to ORDERS) is
+
+
 @pytest.mark.parametrize("orders", [0, ORDERS])
-def test_a_correct_order_passes_a_cancelling_chain_once_the_case_runs_other_orders(orders, monkeypatch):
-    """Seed 101 is none of the case's own orders (1 to ORDERS); with the fixed floor alone it fails 0.weight."""
+def test_correct_orders_pass_a_cancelling_chain_once_the_case_runs_other_orders(orders, monkeypatch):
+    """Eight correct summation orders of the chain: with the case's other orders every one passes; with the fixed
+    floor alone some fail their gradients. Which ones depends on eager's own error, so on the CPU's GEMM kernels (seed
+    101 failed on an AVX2 machine, passes on an AVX-512 one): the test asserts that some do, not which."""
     monkeypatch.setattr(summation_orders, "ORDERS", orders)
-    run = CaseRun(ILL, "another_order", summation_orders.PermutedSums(101))
-    failing = _value_failures(run)
+    runs = [CaseRun(ILL, "another_order", summation_orders.PermutedSums(seed)) for seed in CORRECT_ORDERS]
+    failing = {seed: _value_failures(run) for seed, run in zip(CORRECT_ORDERS, runs)}
     if orders:
-        assert not failing and f"the worst of {orders} other summation orders" in run.figures["tolerance"], failing
+        assert not any(failing.values()), failing
+        assert all(f"the worst of {orders} other summation orders" in run.figures["tolerance"] for run in runs)
     else:
-        assert "grad of 0.weight: error vs the fp64 truth" in failing["grad_parity"], failing
+        grads = [f["grad_parity"] for f in failing.values() if "grad_parity" in f]
+        assert grads and all("error vs the fp64 truth" in message for message in grads), failing
 
 
 def test_the_other_orders_still_fail_a_gradient_1e4_off_on_the_cancelling_chain():
