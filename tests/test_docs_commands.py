@@ -39,6 +39,7 @@ SMALLEST: dict[str, Smallest] = {
     "bash scripts/run.sh": Smallest(f"bash scripts/run.sh {RUN_SMALLEST} --report-dir {{report}}",
                                     "the pr tier takes minutes: the script, bootstrap and CLI on smoke freeze/eager"),
     "bash scripts/test.sh": Smallest(None, "this test runs inside it (.ci/run; tests/test_workflows.py)"),
+    "bash .ci/run": Smallest(None, "CI's entry, which runs bash scripts/test.sh: this test runs inside it"),
     "source .venv/bin/activate": Smallest(None, "what it does (.venv/bin first on PATH) is how every run here runs"),
     "te-verify run --tier smoke --backend eager": Smallest(None, "run.sh's smallest version is this run, narrowed"),
     "te-verify run --tier pr --backend thunder --report-dir reports/thunder": Smallest(
