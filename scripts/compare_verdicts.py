@@ -10,20 +10,15 @@ this judges equality.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from te_verify.report.stream import read_stream
+
 
 def verdict_rows(path: Path, only: str) -> dict[str, dict]:
-    """nodeid -> the last row written for it (a resumed run may write a case twice)."""
-    rows = {}
-    with path.open() as lines:
-        for line in lines:
-            row = json.loads(line)
-            if row.get("kind") == "row" and row["nodeid"].startswith(only):
-                rows[row["nodeid"]] = row
-    return rows
+    """nodeid -> its row (read_stream keeps the last row written for a nodeid, as a resumed run may write two)."""
+    return {row["nodeid"]: row for row in read_stream(path)["rows"] if row["nodeid"].startswith(only)}
 
 
 def differences(a: dict[str, dict], b: dict[str, dict]) -> tuple[int, list[str]]:

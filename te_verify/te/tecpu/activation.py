@@ -41,7 +41,7 @@ DGELU_K1, DGELU_K2 = 0.044715, 0.1070322243  # dgelu: the cubic's coefficient an
 QGELU_ALPHA = 1.702
 
 
-def _f(x: float) -> torch.Tensor:
+def fp32(x: float) -> torch.Tensor:
     """A constant as the kernel holds it: an fp32 literal."""
     return torch.tensor(x, dtype=torch.float32)
 
@@ -51,12 +51,12 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
-    return x * (0.5 + 0.5 * torch.tanh(x * (_f(GELU_K0) + _f(GELU_K1) * x * x)))
+    return x * (0.5 + 0.5 * torch.tanh(x * (fp32(GELU_K0) + fp32(GELU_K1) * x * x)))
 
 
 def _dgelu(x: torch.Tensor) -> torch.Tensor:
-    t = torch.tanh(_f(GELU_K0) * x * (1.0 + _f(DGELU_K1) * x * x))
-    return 0.5 * x * ((1.0 - t * t) * (_f(GELU_K0) + _f(DGELU_K2) * x * x)) + 0.5 * (1.0 + t)
+    t = torch.tanh(fp32(GELU_K0) * x * (1.0 + fp32(DGELU_K1) * x * x))
+    return 0.5 * x * ((1.0 - t * t) * (fp32(GELU_K0) + fp32(DGELU_K2) * x * x)) + 0.5 * (1.0 + t)
 
 
 def _dsigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +65,11 @@ def _dsigmoid(x: torch.Tensor) -> torch.Tensor:
 
 
 def _qgelu(x: torch.Tensor, alpha: float = QGELU_ALPHA) -> torch.Tensor:
-    return x * _sigmoid(_f(alpha) * x)
+    return x * _sigmoid(fp32(alpha) * x)
 
 
 def _dqgelu(x: torch.Tensor, alpha: float = QGELU_ALPHA) -> torch.Tensor:
-    ax = _f(alpha) * x
+    ax = fp32(alpha) * x
     return ax * _dsigmoid(ax) + _sigmoid(ax)
 
 
@@ -202,10 +202,10 @@ def _param_backward(name: str, halves: Callable, grad: torch.Tensor, fwd_input: 
 def _clamped_halves(x: torch.Tensor, limit: float, alpha: float, offset: float) -> tuple[torch.Tensor, ...]:
     """fp32 [a | g] -> (act(a), act'(a), gate, gate'): clamped SwiGLU's two halves and their derivatives."""
     a, g = _halves(x)
-    lim = _f(limit)
+    lim = fp32(limit)
     a_c = torch.fmin(a, lim)
     act, dact = _qgelu(a_c, alpha), torch.where(a <= lim, _dqgelu(a_c, alpha), 0.0)
-    gate = torch.fmin(torch.fmax(g, -lim), lim) + _f(offset)
+    gate = torch.fmin(torch.fmax(g, -lim), lim) + fp32(offset)
     return act, dact, gate, ((g >= -lim) & (g <= lim)).float()
 
 
@@ -229,7 +229,7 @@ def _situ_halves(x: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Ten
 
 def situ_of(a: torch.Tensor, g: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, ...]:
     """_situ_halves over a and g already apart (the scaled activations' interleaved layouts split them)."""
-    b1, b2 = _f(beta1), _f(beta2)
+    b1, b2 = fp32(beta1), fp32(beta2)
     t, s, u = torch.tanh(a / b1), _sigmoid(a), torch.tanh(g / b2)
     return b1 * t * s, (1.0 - t * t) * s + b1 * t * s * (1.0 - s), b2 * u, 1.0 - u * u
 

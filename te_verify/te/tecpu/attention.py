@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from te_verify.te.tecpu.activation import fp32
 from te_verify.te.tecpu.strict import refuse
 
 HALF = (torch.float16, torch.bfloat16)
@@ -56,7 +57,7 @@ def _check_keys(keys: int, queries: int, min_queries: int = 2) -> None:
 
 def _forward_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     """The forward dispatchers' `const input_t scale`: pybind's float rounded to the input dtype, then fp32."""
-    return torch.tensor(float(scale), dtype=torch.float32).to(x.dtype).float()
+    return fp32(scale).to(x.dtype).float()
 
 
 def _softmax(scores: torch.Tensor, masked: torch.Tensor | None, fill: float, dtype: torch.dtype) -> torch.Tensor:
@@ -76,8 +77,7 @@ def _backward(output_grads: torch.Tensor, softmax_results: torch.Tensor, scale: 
     _check(output_grads, dims, "output_grads")
     _check(softmax_results, dims, "softmax_results")
     y, gy = softmax_results.float(), output_grads.float() * softmax_results.float()
-    scale32 = torch.tensor(float(scale), dtype=torch.float32)
-    return (scale32 * (gy - y * gy.sum(-1, keepdim=True))).to(output_grads.dtype)
+    return (fp32(scale) * (gy - y * gy.sum(-1, keepdim=True))).to(output_grads.dtype)
 
 
 def scaled_softmax_forward(input: torch.Tensor, scale_factor: float) -> torch.Tensor:

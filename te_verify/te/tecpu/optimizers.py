@@ -22,14 +22,10 @@ import math
 
 import torch
 
+from te_verify.te.tecpu.activation import fp32
 from te_verify.te.tecpu.writes import write
 
 F32 = torch.float32
-
-
-def _f(x: float) -> torch.Tensor:
-    """A kernel argument as the kernel holds it: a C++ float."""
-    return torch.tensor(x, dtype=F32)
 
 
 def _check_lists(tensor_lists: list[list[torch.Tensor]], counts: tuple[int, ...]) -> None:
@@ -63,7 +59,7 @@ def _adam_step(tensors: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta
     """One tensor's update: tensors g, p, m, v[, p_master]."""
     g, p, m, v = tensors[:4]
     master = tensors[4] if len(tensors) == 5 else p
-    b1, b2, eps, wd = _f(beta1), _f(beta2), _f(epsilon), _f(decay)
+    b1, b2, eps, wd = fp32(beta1), fp32(beta2), fp32(epsilon), fp32(decay)
     r_g, r_p, r_m, r_v = g.to(F32), master.to(F32), m.to(F32), v.to(F32)
     if inv_scale is not None:
         r_g = r_g * inv_scale
@@ -82,16 +78,16 @@ def _adam_step(tensors: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta
 def _host_corrections(beta1: float, beta2: float, step: int, bias_correction: int) -> tuple[torch.Tensor, ...]:
     """adam.cu's host code: 1 - std::pow(float beta, int step) in double, stored in a float."""
     if bias_correction != 1:
-        return _f(1.0), _f(1.0)
-    return tuple(_f(1 - math.pow(float(_f(beta)), step)) for beta in (beta1, beta2))
+        return fp32(1.0), fp32(1.0)
+    return tuple(fp32(1 - math.pow(float(fp32(beta)), step)) for beta in (beta1, beta2))
 
 
 def _kernel_corrections(beta1: float, beta2: float, step: torch.Tensor, bias_correction: int) -> tuple[torch.Tensor, ...]:
     """The capturable kernels' 1 - pow(float beta, int step), in float."""
     if bias_correction != 1:
-        return _f(1.0), _f(1.0)
+        return fp32(1.0), fp32(1.0)
     exponent = step.reshape(()).to(F32)
-    return tuple(1 - torch.pow(_f(beta), exponent) for beta in (beta1, beta2))
+    return tuple(1 - torch.pow(fp32(beta), exponent) for beta in (beta1, beta2))
 
 
 def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]], lr: float,
@@ -102,7 +98,7 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: li
     _check_adam_dtypes(tensor_lists, param_is_grad_dtype=False)
     corrections = _host_corrections(beta1, beta2, step, bias_correction)
     for tensors in zip(*tensor_lists):
-        _adam_step(list(tensors), _f(lr), beta1, beta2, epsilon, corrections, mode, weight_decay)
+        _adam_step(list(tensors), fp32(lr), beta1, beta2, epsilon, corrections, mode, weight_decay)
 
 
 def _capturable(lists: int, chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]],
@@ -151,10 +147,10 @@ def multi_tensor_sgd(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: lis
         raise RuntimeError("Unsupported combination of weight and gradient types.")
     if int(noop_flag.reshape(-1)[0]):
         return
-    wd_, mom, damp = _f(wd), _f(momentum), _f(dampening)
+    wd_, mom, damp = fp32(wd), fp32(momentum), fp32(dampening)
     for tensors in zip(*tensor_lists):
         grad, weight, moms = tensors[:3]
-        g, w, m = grad.to(F32) * _f(scale), weight.to(F32), moms.to(F32)
+        g, w, m = grad.to(F32) * fp32(scale), weight.to(F32), moms.to(F32)
         if wd != 0 and not wd_after_momentum:
             g = g + wd_ * w
         if momentum != 0:
@@ -162,7 +158,7 @@ def multi_tensor_sgd(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: lis
             g = g + mom * m if nesterov else m
         if wd != 0 and wd_after_momentum:
             g = g + wd_ * w
-        w = w + (-_f(lr) * g)
+        w = w + (-fp32(lr) * g)
         write(weight, w.to(weight.dtype))
         if len(tensors) == 4:
             write(tensors[3], weight.to(torch.float16))

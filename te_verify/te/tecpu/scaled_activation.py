@@ -32,13 +32,13 @@ def _swiglu(a: torch.Tensor, g: torch.Tensor) -> Halves:
 def _clamped(limit: float, alpha: float, offset: float) -> Callable[[torch.Tensor, torch.Tensor], Halves]:
     # Not activation._clamped_halves: scaled_activation.cu's fused derivative s + alpha x s (1 - s) rounds otherwise
     # than math.h's clamped_dsilu (alpha x dsigmoid(alpha x) + sigmoid(alpha x)), which the plain kernel uses.
-    lim, al = torch.tensor(limit, dtype=torch.float32), torch.tensor(alpha, dtype=torch.float32)
+    lim, al = activation.fp32(limit), activation.fp32(alpha)
 
     def halves(a: torch.Tensor, g: torch.Tensor) -> Halves:
         x = torch.fmin(a, lim)
         s = activation._sigmoid(al * x)
         dact = torch.where(a <= lim, s + al * x * s * (1.0 - s), 0.0)
-        gate = torch.fmin(torch.fmax(g, -lim), lim) + torch.tensor(offset, dtype=torch.float32)
+        gate = torch.fmin(torch.fmax(g, -lim), lim) + activation.fp32(offset)
         return x * s, dact, gate, ((g <= lim) & (g >= -lim)).float()
 
     return halves
