@@ -4,7 +4,8 @@ written here in float64 from the kernels' fp32 inputs:
   within a few fp32 ulps of the definition (each of the kernel's dozen operations rounds once), the host's bias
   correction from float betas; a master copy drives a BF16 parameter, which is its cast bitwise; BF16 moments are
   stored rounded;
-- the capturable forms: lr and step tensors, the gradient times inv_scale, nothing changed when the noop flag is 1;
+- the capturable forms: lr and step tensors, the gradient times inv_scale (stored back, as GradScaler's unscale_
+  would), nothing changed when the noop flag is 1;
 - multi_tensor_sgd: momentum, dampening, nesterov, the first run, weight decay before and after momentum, the fp16
   copy; sgd.cu's dtype combinations and adam.cu's list checks;
 - TE's FusedAdam and FusedSGD over them against torch.optim's Adam, AdamW and SGD for three steps."""
@@ -106,11 +107,13 @@ def test_capturable_adam_scales_the_gradient_and_honours_the_noop_flag(te, maste
     call = te.tex.multi_tensor_adam_capturable_master if master else te.tex.multi_tensor_adam_capturable
     args = (torch.tensor([1e-2]), 0.9, 0.999, 1e-8, torch.tensor([2], dtype=torch.int), 1, 1, 0.01,
             torch.tensor([0.5]))
-    before = p.clone()
+    before, scaled = p.clone(), g.clone()
     call(65536, torch.ones(1, dtype=torch.int), lists, *args)
-    assert torch.equal(p, before) and not m.any(), "the noop flag 1 did not skip the update"
+    assert torch.equal(p, before) and not m.any() and torch.equal(g, scaled), "the noop flag 1 did not skip the update"
     want_p, want_m, _ = adam_definition(g, before, m, v, 1e-2, 0.9, 0.999, 1e-8, 2, 1, 1, 0.01, inv_scale=0.5)
     call(65536, torch.zeros(1, dtype=torch.int), lists, *args)
+    # adam.cu's capturable functors write g[i] = g[i] * inv_scale back (TE's test_grad_scaler_capturable compares it)
+    assert torch.equal(g, scaled * 0.5), "the gradient was not unscaled in place"
     assert_close_ulps(lists[-1][0] if master else p, want_p, want_p.abs() + 1e-2, 8, "capturable param")
     # Adam's first update is nearly invariant to the gradient's scale; the moment is not
     assert_close_ulps(m, want_m, want_m.abs(), 8, "capturable exp_avg (the gradient times inv_scale)")

@@ -8,8 +8,8 @@ in place, elementwise in fp32 (MATH_T float), in the kernels' operation order:
   corrections 1 - b^step: on the host in double, rounded to float (multi_tensor_adam: std::pow(float, int)), in the
   kernel in float (capturable forms: pow(float, int)); 1 without bias correction. Lists g, p, m, v[, p_master]: with
   a master copy the math reads and writes it and p gets its cast. Moments fp32 or bf16 (rounded when stored).
-- The capturable forms take lr and step as tensors, multiply g by inv_scale first, and do nothing when noop_flag is
-  1 (multi_tensor_adam ignores the flag: it propagates inf/nan).
+- The capturable forms take lr and step as tensors, multiply g by inv_scale first and store it back into g, and do
+  nothing when noop_flag is 1 (multi_tensor_adam ignores the flag: it propagates inf/nan).
 - SGD: g = grad scale (+ wd w before momentum), momentum m = m momentum + (1 - dampening) g (g on the first run),
   nesterov g += momentum m else g = m, (+ wd w after momentum), w -= lr g; a 4th list receives w as fp16; the flag
   1 skips the update. sgd.cu's four dtype combinations only.
@@ -61,8 +61,9 @@ def _adam_step(tensors: list[torch.Tensor], lr: torch.Tensor, beta1: float, beta
     master = tensors[4] if len(tensors) == 5 else p
     b1, b2, eps, wd = fp32(beta1), fp32(beta2), fp32(epsilon), fp32(decay)
     r_g, r_p, r_m, r_v = g.to(F32), master.to(F32), m.to(F32), v.to(F32)
-    if inv_scale is not None:
+    if inv_scale is not None:  # the capturable kernels unscale the gradient in place (GradScaler's unscale_)
         r_g = r_g * inv_scale
+        write(g, r_g.to(g.dtype))
     if mode == 0:
         r_g = r_g + wd * r_p
     r_m = b1 * r_m + (1 - b1) * r_g
