@@ -117,11 +117,20 @@ def test_unexpected_pass_fails_naming_the_entry_to_remove(tmp_path):
 
 
 @pytest.mark.system
-def test_stale_expectation_warns_at_the_end(tmp_path):
+def test_stale_expectation_warns_at_the_end_of_a_nightly_run_only(tmp_path):
     folder = _expectations(tmp_path, "lin9-no-such-case")
-    proc = run_pytest("cases/test_freeze.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
-    assert proc.returncode == 0
+    proc = run_pytest("cases/test_dtype.py", "--tier", "nightly", "--backend", "eager", "--expectations", str(folder))
+    assert proc.returncode == 0, proc.stdout[-2000:]
     assert "stale expectation" in proc.stdout and "lin9-no-such-case" in proc.stdout
+    # Entries are written for the nightly matrix: a pr or smoke run covers part of it, so none is judged, saying so.
+    proc = run_pytest("cases/test_dtype.py", "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
+    assert proc.returncode == 0 and "stale expectation " not in proc.stdout
+    assert "stale expectations are judged on a nightly run (this run: the smoke tier" in proc.stdout
+    # A -k selection of the nightly: the same.
+    proc = run_pytest("cases/test_dtype.py", "--tier", "nightly", "--backend", "eager", "--expectations", str(folder),
+                      "-k", "freeze1010")
+    assert proc.returncode == 0 and "stale expectation " not in proc.stdout
+    assert "stale expectations are not judged on a selection (-k 'freeze1010')" in proc.stdout
     # A repro's node id selects one case: every other entry would read stale, so none is judged, saying so.
     nodeid = f"cases/test_freeze.py::test_freeze[eager-{FAMILIES['freeze']('smoke')[0].id}]"
     proc = run_pytest(nodeid, "--tier", "smoke", "--backend", "eager", "--expectations", str(folder))
