@@ -142,6 +142,28 @@ def test_nvfp4_2d_columnwise_made_from_rowwise_equals_direct(te) -> None:
     assert derived._amax_columnwise.item() == direct._amax_columnwise.item()
 
 
+@pytest.mark.parametrize("two_d, shape", [(True, (64, 128)), (True, (128, 192)), (False, (128, 128))],
+                         ids=["2d-64x128", "2d-128x192", "1d-128x128"])
+def test_nvfp4_optimizing_for_gemm_swizzles_scales_its_kernel_wrote_compact(te, two_d, shape) -> None:
+    """cast.cpp's post-quantize swizzle (TE >= 2.18): a quantizer optimizing for GEMM leaves GEMM-swizzled scales even
+    where its kernel wrote them compact (2D off 128-aligned shapes, 1D): the same scales in cuBLAS's layout (TE's
+    Python inverse reads them back), the same data and values (TE's test_nvfp4_2d_swizzle_fusion_end_to_end_swizzled)."""
+    m, k = shape
+    x = sample(m, k, seed=4)
+    plain = nvfp4(te, with_2d_quantization=two_d)(x)
+    q = nvfp4(te, with_2d_quantization=two_d)
+    q.optimize_for_gemm = True
+    swizzled = q(x)
+    assert plain._with_gemm_swizzled_scales is False and swizzled._with_gemm_swizzled_scales is True
+    rows = te.unswizzle(True, swizzled._rowwise_scale_inv, m, k, 16)
+    cols = te.unswizzle(True, swizzled._columnwise_scale_inv, k, m, 16)
+    assert torch.equal(rows, plain._rowwise_scale_inv[:m, :k // 16]), "rowwise scales not swizzled as cuBLAS reads"
+    assert torch.equal(cols, plain._columnwise_scale_inv[:k, :m // 16]), "columnwise scales not swizzled"
+    assert torch.equal(swizzled._rowwise_data, plain._rowwise_data), "the data must not depend on the layout"
+    assert torch.equal(swizzled._columnwise_data, plain._columnwise_data), "the data must not depend on the layout"
+    assert torch.equal(swizzled.dequantize(dtype=torch.float32), plain.dequantize(dtype=torch.float32))
+
+
 def test_nvfp4_amax_reduction_is_refused(te) -> None:
     """The one NVFP4 option still left to TE's GPU build (row-scaled and 4over6 are emulated: their own tests)."""
     with pytest.raises(tecpu.Unemulated, match="NVFP4 amax reduction across ranks is not emulated"):

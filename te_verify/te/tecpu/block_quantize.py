@@ -49,14 +49,43 @@ def quantize(kind: str, q: Any, src: torch.Tensor, output: Any, noop_flag: torch
         for name in ("_amax_rowwise", "_amax_columnwise"):
             if getattr(output, name) is not None:
                 write(getattr(output, name), amax)
-    if src.numel() == 0 or (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
-        return output
-    x = src.reshape(block_storage.dims2(shape))
-    if kind == "NVFP4Quantizer":
-        _nvfp4(q, x, output, amax)
-    else:
-        {"MXFP8Quantizer": _mxfp8, "Float8BlockQuantizer": _block}[kind](q, x, output, shape)
+    if src.numel() > 0 and not (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
+        x = src.reshape(block_storage.dims2(shape))
+        if kind == "NVFP4Quantizer":
+            _nvfp4(q, x, output, amax)
+        else:
+            {"MXFP8Quantizer": _mxfp8, "Float8BlockQuantizer": _block}[kind](q, x, output, shape)
+    if q.optimize_for_gemm and kind in SWIZZLED_KINDS:
+        swizzle_for_gemm(kind, output)
     return output
+
+
+SWIZZLED_KINDS = ("MXFP8Quantizer", "NVFP4Quantizer")  # the formats whose GEMM reads swizzled scales
+
+
+def swizzle_for_gemm(kind: str, t: Any) -> None:
+    """cast.cpp's post-quantize step (inplace_swizzle_scale_for_gemm): a quantizer that optimizes for GEMM but whose
+    kernel wrote compact scales (NVFP4 off the swizzling kernels' shapes: 1D, row-scaled, 4over6, 2D not 128-aligned)
+    leaves its output with GEMM-swizzled scales all the same."""
+    if t._with_gemm_swizzled_scales:
+        return
+    for columnwise in (False, True):
+        buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
+        if buffer is None or buffer.numel() == 0:
+            continue
+        rows, cols = _scale_dims(kind, t, columnwise)
+        compact = block_scales.load(buffer, rows, cols, swizzled=False).clone()
+        block_scales.store(buffer, compact, swizzled=True, transposed=columnwise and kind == "MXFP8Quantizer")
+    t._with_gemm_swizzled_scales = True
+
+
+def _scale_dims(kind: str, t: Any, columnwise: bool) -> tuple[int, int]:
+    """(rows, cols) of one direction's compact scales, from its stored data (NVFP4's packs two values a byte)."""
+    data = t._columnwise_data if columnwise else t._rowwise_data
+    m, k = block_storage.dims2(tuple(data.shape))
+    if kind == "NVFP4Quantizer":
+        return m, k * 2 // nvfp4.BLOCK
+    return (m // mxfp8.BLOCK, k) if columnwise else (m, k // mxfp8.BLOCK)
 
 
 def _mxfp8(q: Any, x: torch.Tensor, out: Any, shape: tuple[int, ...]) -> None:
@@ -145,7 +174,7 @@ def _fp8_values(t: Any, columnwise: bool) -> torch.Tensor:
     """An MXFP8 storage's fp32 values (logical shape, 2-D) from one direction's data and scales."""
     data = t._columnwise_data if columnwise else t._rowwise_data
     m, k = block_storage.dims2(tuple(data.shape))
-    rows, cols = (m // mxfp8.BLOCK, k) if columnwise else (m, k // mxfp8.BLOCK)
+    rows, cols = _scale_dims("MXFP8Quantizer", t, columnwise)
     buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
     scales = block_scales.load(buffer, rows, cols, t._with_gemm_swizzled_scales, transposed=columnwise)
     return mxfp8.dequantize(data.reshape(m, k), scales, device.torch_dtype(t._fp8_dtype), columnwise)
