@@ -145,7 +145,7 @@ def test_nvfp4_2d_columnwise_made_from_rowwise_equals_direct(te) -> None:
 @pytest.mark.parametrize("two_d, shape", [(True, (64, 128)), (True, (128, 192)), (False, (128, 128))],
                          ids=["2d-64x128", "2d-128x192", "1d-128x128"])
 def test_nvfp4_optimizing_for_gemm_swizzles_scales_its_kernel_wrote_compact(te, two_d, shape) -> None:
-    """cast.cpp's post-quantize swizzle (TE >= 2.18): a quantizer optimizing for GEMM leaves GEMM-swizzled scales even
+    """cast.cpp's post-quantize swizzle (TE >= 2.17): a quantizer optimizing for GEMM leaves GEMM-swizzled scales even
     where its kernel wrote them compact (2D off 128-aligned shapes, 1D): the same scales in cuBLAS's layout (TE's
     Python inverse reads them back), the same data and values (TE's test_nvfp4_2d_swizzle_fusion_end_to_end_swizzled)."""
     m, k = shape
