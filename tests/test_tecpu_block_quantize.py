@@ -263,3 +263,19 @@ def test_rht_is_the_signed_hadamard_over_runs_of_16() -> None:
     y = torch.randn(4, 64).to(torch.bfloat16)
     back = (nvfp4.hadamard(y, matrix).float().reshape(-1, 16) @ matrix.float().t()).reshape(4, 64)
     assert torch.allclose(back, y.float(), atol=2e-2), f"not orthogonal: {(back - y.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("two_d, row_scaled, stochastic", [(False, False, False), (True, False, False),
+                                                            (False, True, False), (False, False, True)],
+                         ids=["1d", "2d", "row_scaled", "stochastic"])
+def test_nvfp4_encoded_in_row_runs_equals_at_once(monkeypatch, two_d: bool, row_scaled: bool, stochastic: bool) -> None:
+    """nvfp4.quantize encodes large inputs in runs of whole 16-row tiles (a 16384 x 16384 input in one piece took
+    19.7 GB): bitwise the same data and scales as in one piece, for 1D and 2D tiles, one amax per row, random bytes."""
+    torch.manual_seed(9)
+    x = torch.randn(96, 64) * torch.logspace(-3, 3, 64)
+    amax = x.abs().amax(dim=1) if row_scaled else x.abs().max().reshape(1)
+    bits = torch.randint(0, 256, x.shape, dtype=torch.uint8) if stochastic else None
+    whole = nvfp4.quantize(x, amax, two_d, bits)
+    monkeypatch.setattr(nvfp4, "CHUNK_ELEMENTS", 32 * 64)  # runs of 32 rows
+    runs = nvfp4.quantize(x, amax, two_d, bits)
+    assert torch.equal(runs[0], whole[0]) and torch.equal(runs[1], whole[1]), "row runs differ from one piece"

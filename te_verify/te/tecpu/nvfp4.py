@@ -115,13 +115,28 @@ def block_decode_scales(block_amax: torch.Tensor, s_enc: torch.Tensor) -> torch.
     return s_dec_b.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+CHUNK_ELEMENTS = 1 << 24  # rows encoded at a time: the encoder's temporaries take about 40 B per element
+
+
 def quantize(x: torch.Tensor, amax: torch.Tensor, two_d: bool = False,
              random_bytes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A 2-D fp32 tensor (dims divisible by 16) under the per-tensor amax `amax` (or one per row, row-scaled) as
     (packed E2M1 (M, K/2); compact E4M3 scale bytes (M, K/16)); stochastic rounding when random bytes (one per
-    element) are given."""
-    xf = x.float()
+    element) are given. Encoded in runs of whole 16-row tiles (every step is local to a block or a row), so a
+    16384 x 16384 input fits in this machine's memory."""
     s_enc = global_encode_scale(amax)
+    step = max(BLOCK, CHUNK_ELEMENTS // max(x.shape[1], 1) // BLOCK * BLOCK)
+    if x.shape[0] <= step:
+        return _quantize_rows(x, s_enc, two_d, random_bytes)
+    parts = [_quantize_rows(x[i:i + step], s_enc[i:i + step] if s_enc.shape[0] > 1 else s_enc, two_d,
+                            None if random_bytes is None else random_bytes[i:i + step])
+             for i in range(0, x.shape[0], step)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _quantize_rows(x: torch.Tensor, s_enc: torch.Tensor, two_d: bool,
+                   random_bytes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    xf = x.float()
     s_dec = torch.reciprocal(s_enc)
     rows = BLOCK if two_d else 1
     tile_amax = block_scales.block_amax(xf, rows, BLOCK)
