@@ -264,6 +264,8 @@ CU2 = torch.tensor([0, 6], dtype=torch.int32)
      "start_positions of torch.int64"),
     (_call("fused_rope_forward", T3, F8, None, "thd", False, CU2.long(), 1, 0), tecpu.Unemulated,
      "cu_seqlens of torch.int64"),
+    (_call("fused_rope_forward", T3, F8, None, "thd", False, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 1, 0),
+     tecpu.Unemulated, "decreasing cu_seqlens"),
     (_call("fused_rope_forward", X4, torch.zeros(8, 1, 1, 7), None, "sbhd", False, None, 1, 0), tecpu.Unemulated,
      "odd rotary dim"),
     (lambda te: te.tex.fused_qkv_rope_forward(torch.zeros(4, 1, 1, 24), F8, F8, None, [8, 8, 8], te.fmt["thd"],
@@ -271,7 +273,7 @@ CU2 = torch.tensor([0, 6], dtype=torch.int32)
     (lambda te: te.tex.fused_qkv_rope_forward(torch.zeros(4, 1, 1, 20), F8, F8, None, [12, 4, 4], te.fmt["sbhd"],
                                               False, 1, 0), tecpu.Unemulated, "splits"),
 ], ids=["freqs-3d", "freqs-fp16", "freqs-short", "d<d2", "thd-no-cu", "fp64", "cp-odd", "row-past", "start-int64",
-        "cu-int64", "odd-d2", "qkv-thd", "qkv-split"])
+        "cu-int64", "cu-decreasing", "odd-d2", "qkv-thd", "qkv-split"])
 def test_apply_rope_cpp_checks_and_refused_forms(te, call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call(te)

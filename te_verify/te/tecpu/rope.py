@@ -145,13 +145,13 @@ def _dense_rows(s: int, batch: int, starts: torch.Tensor | None, cp_size: int, c
 
 
 def _thd_rows(tokens: int, cu_seqlens: torch.Tensor, starts: torch.Tensor | None, cp_size: int, cp_rank: int,
-              freq_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+              freq_rows: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the tokens sequences cover, their frequency rows) of a packed thd input of `tokens` rows."""
     if cp_size < 1:
         raise RuntimeError(f"cp_size must be at least 1, got {cp_size}")
     bounds = torch.div(cu_seqlens, cp_size, rounding_mode="trunc")
     if bool((bounds[1:] < bounds[:-1]).any()):
-        refuse("tex.fused_rope with decreasing cu_seqlens")
+        refuse(f"tex.{what} with decreasing cu_seqlens")
     if int(bounds[-1]) > tokens:
         raise RuntimeError(f"cu_seqlens reach token {int(bounds[-1])} of an input of {tokens} rows: the kernel "
                            f"would read and write past it")
@@ -184,7 +184,7 @@ def _fused_rope(t: torch.Tensor, freqs: torch.Tensor, start_positions: torch.Ten
         if t.size(2) < d2:
             raise RuntimeError(f"expected the last dim of the {name} tensor equals or is greater than the freqs tensor")
         _check_dtype(t)
-        covered, rows = _thd_rows(t.size(0), cu, starts, cp_size, cp_rank, freqs.size(0))
+        covered, rows = _thd_rows(t.size(0), cu, starts, cp_size, cp_rank, freqs.size(0), what)
         sin, cos = _sin_cos(freqs, rows.reshape(-1, 1))
         out = torch.empty(t.shape, dtype=t.dtype)
         out[covered] = rotate(t[covered].float(), sin, cos, interleaved, backward).to(t.dtype)
