@@ -1,10 +1,11 @@
 """Planted TE-lane backends for tests of the lane itself.
 
-`RoPELinearTE` runs each layer as TE's Linear followed by TE's fused rotary position embedding
-(`apply_rotary_pos_emb(..., fused=True)`), which reaches tex.fused_rope_forward: a tex function the emulation does
-not emulate (tex.layernorm_fwd, tex.gelu, tex.situglu, tex.scaled_srelu and tex.scaled_softmax_forward, this
-backend's functions before, are emulated since; te/tecpu/norm.py, activation.py, scaled_activation.py,
-attention.py). Its cases must error naming the function and TE's call site, never pass.
+`RouterLinearTE` runs each layer as TE's Linear followed by TE's fused MoE router
+(`transformer_engine.pytorch.router.fused_topk_with_score_function`), which reaches
+tex.fused_topk_with_score_function_fwd: a tex function the emulation does not emulate (tex.layernorm_fwd, tex.gelu,
+tex.situglu, tex.scaled_srelu, tex.scaled_softmax_forward and tex.fused_rope_forward, this backend's functions
+before, are emulated since; te/tecpu/norm.py, activation.py, scaled_activation.py, attention.py, rope.py). Its cases
+must error naming the function and TE's call site, never pass.
 """
 from __future__ import annotations
 
@@ -14,22 +15,25 @@ import torch
 
 from te_verify.te import api as te_api
 
-ROPE = "transformer_engine.pytorch.attention.rope"
+ROUTER = "transformer_engine.pytorch.router"
 
 
-class _FusedRoPE(torch.nn.Module):
-    """TE's fused RoPE over the layer's output, its rows as positions (zero frequencies: the identity)."""
+class _FusedRouter(torch.nn.Module):
+    """TE's fused top-k router over the layer's output, its last dim as the experts' logits: the routed (softmax)
+    probabilities, 0 off the top 2."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(x.shape[0], 1, 1, -1)
-        freqs = torch.zeros(x.shape[0], 1, 1, rows.shape[-1])
-        return importlib.import_module(ROPE).apply_rotary_pos_emb(rows, freqs, fused=True).reshape(x.shape)
+        logits = x.reshape(-1, x.shape[-1])
+        probs, _ = importlib.import_module(ROUTER).fused_topk_with_score_function(
+            logits, topk=2, use_pre_softmax=False, num_groups=None, group_topk=None, scaling_factor=None,
+            score_function="softmax", expert_bias=None)
+        return probs.reshape(x.shape)
 
 
-class RoPELinearTE:
-    """TE's Linear over the model's Linear weights, then TE's fused RoPE (the part the emulation lacks)."""
+class RouterLinearTE:
+    """TE's Linear over the model's Linear weights, then TE's fused MoE router (the part the emulation lacks)."""
 
-    name = "te_rope_linear"
+    name = "te_router_linear"
     lane = "te"
 
     def available(self) -> tuple[bool, str]:
@@ -42,5 +46,5 @@ class RoPELinearTE:
             module = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                                params_dtype=layer.weight.dtype)
             module.weight, module.bias = layer.weight, layer.bias
-            layers += [module, _FusedRoPE()]
+            layers += [module, _FusedRouter()]
         return torch.nn.Sequential(*layers)

@@ -38,22 +38,24 @@ def source_line(te, relative: str, line: int) -> str:
 
 
 def test_direct_call_of_unemulated_tex_function_names_it(te) -> None:
-    with pytest.raises(tecpu.Unemulated, match=r"transformer_engine_torch\.fused_rope_forward is not emulated"):
-        te.tex.fused_rope_forward(torch.zeros(4, 1, 1, 8), torch.zeros(4, 1, 1, 8))
+    with pytest.raises(tecpu.Unemulated,
+                       match=r"transformer_engine_torch\.fused_topk_with_score_function_fwd is not emulated"):
+        te.tex.fused_topk_with_score_function_fwd(torch.zeros(4, 8), 2, False, None, None, None, "softmax", None, 0,
+                                                  None)
 
 
-def test_te_fused_rope_names_function_and_te_call_site(te) -> None:
-    """TE's fused RoPE (attention) reaches tex.fused_rope_forward, which the emulation lacks (gelu, layernorm_fwd,
-    situglu, scaled_srelu and scaled_softmax_forward, the examples before, are emulated: te/tecpu/activation.py,
-    norm.py, scaled_activation.py, attention.py)."""
-    from transformer_engine.pytorch.attention import rope
+def test_te_fused_router_names_function_and_te_call_site(te) -> None:
+    """TE's fused MoE router reaches tex.fused_topk_with_score_function_fwd, which the emulation lacks (gelu,
+    layernorm_fwd, situglu, scaled_srelu, scaled_softmax_forward and fused_rope_forward, the examples before, are
+    emulated: te/tecpu/activation.py, norm.py, scaled_activation.py, attention.py, rope.py)."""
+    from transformer_engine.pytorch import router
 
     with pytest.raises(tecpu.Unemulated) as info:
-        rope.apply_rotary_pos_emb(torch.randn(4, 1, 1, 8), torch.zeros(4, 1, 1, 8), fused=True)
-    assert "transformer_engine_torch.fused_rope_forward" in str(info.value), f"message: {info.value}"
+        router.fused_topk_with_score_function(torch.randn(4, 8), 2, False, None, None, None, "softmax", None)
+    assert "transformer_engine_torch.fused_topk_with_score_function_fwd" in str(info.value), f"message: {info.value}"
     path, line = te_call_site(info.value)
-    assert "tex.fused_rope_forward" in source_line(te, path, line), \
-        f"{path}:{line} is not where TE calls tex.fused_rope_forward"
+    assert "tex.fused_topk_with_score_function_fwd" in source_line(te, path, line), \
+        f"{path}:{line} is not where TE calls tex.fused_topk_with_score_function_fwd"
 
 
 def test_name_outside_the_surface_is_attribute_error(te) -> None:

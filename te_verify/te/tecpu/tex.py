@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, norm, optimizers, padding,
-                                quantize, scaled_activation)
+                                quantize, rope, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -61,6 +61,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **attention.functions(),
     # FusedAdam / FusedSGD: multi_tensor_adam and its capturable forms, multi_tensor_sgd.
     **optimizers.functions(),
+    # Fused RoPE: apply_rotary_pos_emb(fused=True), apply_fused_qkv_rotary_pos_emb (MultiheadAttention's RoPE).
+    **rope.functions(),
 }
 
 
