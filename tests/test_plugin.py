@@ -90,8 +90,11 @@ def test_external_backend_runs_the_whole_torch_lane(tmp_path):
                       "-n", PROOF_WORKERS, "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    passed = [r for r in rows if r["backend"] == "functional_call" and r["outcome"] == "passed"]
-    assert len(passed) == torch_lane_cases()
+    mine = [r for r in rows if r["backend"] == "functional_call"]
+    passed = [r for r in mine if r["outcome"] == "passed"]
+    # test_compare_options compares a backend's own option sets; an external backend declares none, so it skips
+    no_options = [r for r in mine if r["outcome"] == "skipped" and r["nodeid"].startswith("cases/test_compare_options")]
+    assert len(passed) + len(no_options) == torch_lane_cases(), [r["nodeid"] for r in mine if r not in passed]
 
 
 def _expectations(tmp_path: Path, prefix: str) -> Path:
