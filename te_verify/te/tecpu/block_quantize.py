@@ -74,7 +74,7 @@ def swizzle_for_gemm(kind: str, t: Any) -> None:
         if buffer is None or buffer.numel() == 0:
             continue
         rows, cols = _scale_dims(kind, t, columnwise)
-        compact = block_scales.load(buffer, rows, cols, swizzled=False).clone()
+        compact = buffer[:rows, :cols].clone()  # as the kernel wrote them: compact, padded
         block_scales.store(buffer, compact, swizzled=True, transposed=columnwise and kind == "MXFP8Quantizer")
     t._with_gemm_swizzled_scales = True
 
