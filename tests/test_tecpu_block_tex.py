@@ -162,6 +162,10 @@ def test_nvfp4_optimizing_for_gemm_swizzles_scales_its_kernel_wrote_compact(te, 
     assert torch.equal(swizzled._rowwise_data, plain._rowwise_data), "the data must not depend on the layout"
     assert torch.equal(swizzled._columnwise_data, plain._columnwise_data), "the data must not depend on the layout"
     assert torch.equal(swizzled.dequantize(dtype=torch.float32), plain.dequantize(dtype=torch.float32))
+    te.tex.swizzle_scales_for_gemm_(plain)  # the same step, called by TE's Python (te.ops' fused grouped MLP)
+    assert plain._with_gemm_swizzled_scales is True
+    assert torch.equal(plain._rowwise_scale_inv, swizzled._rowwise_scale_inv), "swizzle_scales_for_gemm_ rowwise"
+    assert torch.equal(plain._columnwise_scale_inv, swizzled._columnwise_scale_inv), "swizzle_scales_for_gemm_ col"
 
 
 def test_nvfp4_amax_reduction_is_refused(te) -> None:

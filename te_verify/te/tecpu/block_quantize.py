@@ -79,6 +79,14 @@ def swizzle_for_gemm(kind: str, t: Any) -> None:
     t._with_gemm_swizzled_scales = True
 
 
+def swizzle_scales_for_gemm_(tensor: Any) -> None:
+    """tex.swizzle_scales_for_gemm_ (swizzle.cpp's inplace_swizzle_scale_for_gemm; te.ops' fused grouped MLP calls
+    it): an MXFP8 or NVFP4 storage's compact scales swizzled in place; any other format needs none."""
+    kind = kind_of(tensor)
+    if kind in SWIZZLED_KINDS:
+        swizzle_for_gemm(kind, tensor)
+
+
 def _scale_dims(kind: str, t: Any, columnwise: bool) -> tuple[int, int]:
     """(rows, cols) of one direction's compact scales, from its stored data (NVFP4's packs two values a byte)."""
     data = t._columnwise_data if columnwise else t._rowwise_data

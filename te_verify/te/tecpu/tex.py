@@ -28,6 +28,7 @@ EMULATED: dict[str, Callable] = {
     "quantize": quantize.quantize,
     "split_quantize": quantize.split_quantize,
     "dequantize": quantize.dequantize,
+    "swizzle_scales_for_gemm_": block_quantize.swizzle_scales_for_gemm_,
     "bgrad_quantize": quantize.bgrad_quantize,
     "layernorm_fwd": norm.layernorm_fwd,
     "layernorm_bwd": norm.layernorm_bwd,
