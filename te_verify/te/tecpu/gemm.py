@@ -11,8 +11,11 @@ the copy TE's C++ picks (rowwise for A transposed / B not transposed, else colum
 block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8
 and FP8 block scaling; for NVFP4 cuBLAS's alpha as nvfp4.cu computes it from both amaxes and E4M3 maxes,
 nvfp4.gemm_alpha; a row-scaled NVFP4 operand raises as cublaslt_gemm.cu does: TE's Python applies per-row amaxes
-around the GEMM). Epilogues: bias add (forward), bias gradient = column sums of B (grad=True); GELU and comm+GEMM
-overlap are refused.
+around the GEMM). Epilogues (cuBLASLt's, as gemm.cpp configures them): bias add (forward), bias gradient = column
+sums of B (grad=True); GELU (GELU_AUX[_BIAS]: the pre-activation returned as pre_gelu_out, the output TE's tanh GELU
+of its fp32 value) and its backward (DGELU[_BGRAD]: the product times gelu'(gelu_in), the bias gradient then its
+column sums), with TE's math.h formulas for cuBLAS's own (the same tanh approximation: within rounding, not
+bitwise). The grouped GEMM's GELU and comm+GEMM overlap are refused.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from te_verify.te.tecpu import block_quantize, device, nvfp4
+from te_verify.te.tecpu.activation import FORMULAS
 from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import shape_of, te_class
@@ -153,8 +157,6 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     """tex.generic_gemm: returns [D, bias_grad, pre_gelu_out, extra_output] as TE's C++ does."""
     if comm_overlap is not None or bulk_overlap:
         refuse("generic_gemm with comm+GEMM overlap (userbuffers)")
-    if gelu:
-        refuse("generic_gemm with a GELU epilogue")
     beta = (1.0 if accumulate else 0.0) if beta is None else beta
     if not accumulate and beta != 0.0:
         raise RuntimeError("Trying to use non-zero beta while not accumulating into D tensor. "
@@ -165,16 +167,29 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
     b_op = _operand(B, "B", transB)
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
-    bias_grad = None
-    if bias is not None and grad:
-        bias_grad = operand_values(b_op).sum(0).to(dtype)
+    bias_grad, pre_gelu = None, None
+    if grad and gelu:  # DGELU(_BGRAD): the product times gelu' of the forward's pre-activation
+        if gelu_in is None:
+            raise RuntimeError("generic_gemm: a GELU backward epilogue needs gelu_in (the forward's pre-activation)")
+        result = result * FORMULAS["gelu"][1](gelu_in.float().reshape(result.shape))
+    if bias is not None and grad:  # BGRADB sums B; DGELU_BGRAD the GELU gradient it wrote
+        bias_grad = (result.sum(0) if gelu else operand_values(b_op).sum(0)).to(dtype)
     elif bias is not None and bias.numel():
         result = result + bias.float()
+    if gelu and not grad:  # GELU_AUX(_BIAS): the pre-activation kept (in the output's dtype, bias_type's if FP8)
+        pre_gelu = result.reshape(shape).to(_gelu_dtype(A, B, bias_type, dtype))
+        result = FORMULAS["gelu"][0](result)
     if quantizer is not None:
         if accumulate or D is not None:
             refuse("generic_gemm quantizing its output into an existing or accumulated D")
-        return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, None, extra_output]
-    return [_write(result, D, shape, dtype, accumulate, beta), bias_grad, None, extra_output]
+        return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, pre_gelu, extra_output]
+    return [_write(result, D, shape, dtype, accumulate, beta), bias_grad, pre_gelu, extra_output]
+
+
+def _gelu_dtype(A: Any, B: Any, bias_type: Any, dtype: torch.dtype) -> torch.dtype:
+    """gemm.cpp's gelu_type: bias_type for quantized operands (low_precision), else the output's dtype."""
+    low_precision = any(isinstance(t, te_class("QuantizedTensorStorage")) for t in (A, B))
+    return device.torch_dtype(bias_type) if low_precision else dtype
 
 
 def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: list | None, D_type: Any,
