@@ -89,7 +89,9 @@ def reports(shard_runs) -> dict:
 @pytest.mark.system
 def test_a_shard_does_not_call_the_other_shards_expectations_stale(shard_runs):
     output = shard_runs[1]
-    assert output.count("te_verify WARNING: stale expectation") == 1 and output.count(STALE) == 1  # unsharded run's
+    # the unsharded pr run judges none either (entries are judged on a nightly run: test_plugin), saying why
+    assert "te_verify WARNING: stale expectation" not in output and STALE not in output
+    assert output.count("stale expectations are judged on a nightly run (this run: the pr tier") == 1
     assert all(f"shard {k}/3: stale expectations are not judged on a shard" in output for k in SHARDS)
 
 

@@ -154,7 +154,7 @@ def test_on_old_torch_every_row_falls_back_in_te_s_words_and_the_header_names_th
     assert "te_verify TE torch.compile: TE's torch.compile path needs torch >= 2.14" in proc.stdout, proc.stdout[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert f"this run's torch {torch.__version__} lacks" in results["header"]["te_compile"]
-    (row,) = results["rows"]
+    (row,) = [r for r in results["rows"] if r["nodeid"].endswith("-hp]")]  # the -k also matches its recompute twin
     figures = row["figures"]
     assert figures["te_compile_path"] == "fallback" and "OpaqueValueBundle" in figures["te_compile_reason"]
     assert figures["te_compile_check"].startswith("not applicable: TE's code falls back here: environment: torch 2.1")
