@@ -8,9 +8,9 @@ external backend) each run every case of a lane through a second implementation.
 """
 from __future__ import annotations
 
-import os
-
+import functools
 import importlib.util
+import os
 from pathlib import Path
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
@@ -27,11 +27,17 @@ PROOF_WORKERS = "0" if PROOF_TIER == "smoke" else "2"
 def torch_lane_cases(tier: str = PROOF_TIER) -> int:
     """How many torch-lane cases the tier generates for one backend: every cases/ module of the torch lane, read from
     the modules themselves (SPECS, LANE), so a new family is counted without being listed here."""
-    total = 0
+    return sum(len(specs(tier)) for specs in _torch_lane_generators())
+
+
+@functools.cache
+def _torch_lane_generators() -> tuple:
+    """The SPECS of cases/ modules whose LANE is "torch" (each module loaded once per process)."""
+    generators = []
     for path in sorted(CASES.glob("test_*.py")):
         spec = importlib.util.spec_from_file_location(f"_proof_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         if getattr(module, "LANE", None) == "torch" and hasattr(module, "SPECS"):
-            total += len(module.SPECS(tier))
-    return total
+            generators.append(module.SPECS)
+    return tuple(generators)

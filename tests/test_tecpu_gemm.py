@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from te_verify.te import tecpu
+from ulps import assert_close_ulps
 
 LAYOUTS = ["TN", "NN", "NT"]
 
@@ -145,21 +146,14 @@ def gelu64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
 
 
-def assert_within_ulps(got: torch.Tensor, want: torch.Tensor, ulps: int, what: str) -> None:
-    """|got - want| within `ulps` fp32 roundings of values up to (|want| + 1) in magnitude, naming the worst."""
-    excess = (got.double() - want).abs() - ulps * 2.0 ** -23 * (want.abs() + 1.0)
-    worst = int(excess.argmax())
-    assert excess.max() <= 0, f"{what}: element {worst} is {got.reshape(-1)[worst].item()!r}, want " \
-                              f"{want.reshape(-1)[worst].item()!r}"
-
-
 def test_gelu_epilogue_returns_the_pre_activation_and_its_gelu(te) -> None:
     """GELU_AUX_BIAS (gemm.cpp: gelu, not grad): out = gelu(AB + bias), pre_gelu_out = AB + bias (output dtype)."""
     a, b, want = operands("TN")
     bias = torch.randn(a.shape[0])
     out, bias_grad, pre, _ = te.gemm(a, b, out_dtype=torch.float32, layout="TN", bias=bias, gelu=True)
     assert_equal(pre, want + bias, "pre_gelu_out (the pre-activation)")
-    assert_within_ulps(out, gelu64(want.double() + bias.double())[0], 8, "GELU epilogue output")
+    want_out = gelu64(want.double() + bias.double())[0]
+    assert_close_ulps(out, want_out, want_out.abs() + 1.0, 8, "GELU epilogue output")
     assert bias_grad is None, "a forward GEMM returned a bias gradient"
 
 
@@ -170,8 +164,9 @@ def test_dgelu_epilogue_multiplies_by_gelus_derivative_and_sums_it_for_the_bias(
     out, bias_grad, pre, _ = te.gemm(a, b, out_dtype=torch.float32, layout="NN", grad=True, gelu=True,
                                      gelu_in=gelu_in, bias=torch.empty(want.shape[1]))
     expected = want.double() * gelu64(gelu_in)[1]
-    assert_within_ulps(out, expected, 16, "DGELU epilogue output")
-    assert_within_ulps(bias_grad, expected.sum(0), 16 * want.shape[0], "DGELU_BGRAD bias gradient")
+    assert_close_ulps(out, expected, expected.abs() + 1.0, 16, "DGELU epilogue output")
+    assert_close_ulps(bias_grad, expected.sum(0), expected.sum(0).abs() + 1.0, 16 * want.shape[0],
+                      "DGELU_BGRAD bias gradient")
     assert pre is None, "a backward GEMM returned a pre-activation"
 
 

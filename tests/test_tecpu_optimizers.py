@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from te_verify.te import tecpu
+from ulps import assert_close_ulps
 
-F32_ULP = 2.0 ** -23
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,6 @@ def adam_definition(g, p, m, v, lr, b1, b2, eps, step, mode, bias_correction, de
     if mode == 1:
         update = update + decay * p
     return p - lr * update, m, v
-
-
-def assert_close_ulps(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor, ulps: float, what: str) -> None:
-    err = (got.double() - want).abs()
-    bound = ulps * F32_ULP * scale
-    worst = int(torch.argmax(err - bound))
-    assert bool((err <= bound).all()), (f"{what}: element {worst} is {got.reshape(-1)[worst].item()!r}, the definition "
-                                        f"{want.reshape(-1)[worst].item()!r} (beyond {ulps} fp32 ulps)")
 
 
 ADAM = dict(lr=1e-2, b1=0.9, b2=0.999, eps=1e-8, decay=0.1)

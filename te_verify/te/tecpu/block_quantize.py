@@ -182,7 +182,7 @@ def _fp8_values(t: Any, columnwise: bool) -> torch.Tensor:
     """An MXFP8 storage's fp32 values (logical shape, 2-D) from one direction's data and scales."""
     data = t._columnwise_data if columnwise else t._rowwise_data
     m, k = block_storage.dims2(tuple(data.shape))
-    rows, cols = _scale_dims("MXFP8Quantizer", t, columnwise)
+    rows, cols = (m // mxfp8.BLOCK, k) if columnwise else (m, k // mxfp8.BLOCK)
     buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
     scales = block_scales.load(buffer, rows, cols, t._with_gemm_swizzled_scales, transposed=columnwise)
     return mxfp8.dequantize(data.reshape(m, k), scales, device.torch_dtype(t._fp8_dtype), columnwise)
@@ -193,7 +193,7 @@ def _nvfp4_products(t: Any, columnwise: bool) -> tuple[torch.Tensor, torch.Tenso
     data = t._columnwise_data if columnwise else t._rowwise_data
     data = data.reshape(block_storage.dims2(tuple(data.shape)))  # dims named: a copy of zero tokens has 0 columns
     buffer = t._columnwise_scale_inv if columnwise else t._rowwise_scale_inv
-    scales = block_scales.load(buffer, data.shape[0], data.shape[1] * 2 // nvfp4.BLOCK, t._with_gemm_swizzled_scales)
+    scales = block_scales.load(buffer, *_scale_dims("NVFP4Quantizer", t, columnwise), t._with_gemm_swizzled_scales)
     return data, scales, (t._amax_columnwise if columnwise else t._amax_rowwise)
 
 
