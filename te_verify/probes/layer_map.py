@@ -50,7 +50,8 @@ class LayerMap:
 
     def add_layer(self, weight_key: StorageKey, weight_shape: tuple[int, ...],
                   input_shape: tuple[int, ...] | None) -> int:
-        self._weight_layer[weight_key] = len(self.weight_keys)
+        # A weight shared by several layers (tied) is the first's: the oracle judges tied sites under the first label.
+        self._weight_layer.setdefault(weight_key, len(self.weight_keys))
         self.weight_keys.append(weight_key)
         self.weight_shapes.append(weight_shape)
         self.input_shapes.append(input_shape)

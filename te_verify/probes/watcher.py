@@ -202,7 +202,7 @@ class Watcher(TorchDispatchMode, StorageKeys):
             layer = self.layers.add_layer(("pre", ptr), tuple(shapes[k] if shapes else weight.shape), None)
             self.layers.alias_weight(layer, ("pre", ptr), weight)
             if ptr is not None:  # a wrapper subclass (a sharded DTensor) has no view to key
-                self.layers.weight_views[(("pre", ptr), weight.storage_offset(), weight.numel())] = layer
+                self.layers.weight_views.setdefault((("pre", ptr), weight.storage_offset(), weight.numel()), layer)
         self._bound = bool(weights)
 
     def weight_layer_of(self, t: torch.Tensor) -> int | None:

@@ -197,6 +197,9 @@ def wgrad_thunk(label: str, g_op: Operand, x_op: Operand, fp8: bool,
                 out_dtype: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
     """The wgrad GEMM g.T @ x, ready to run now or later (delay_wgrad_compute), emitted in `out_dtype` if given."""
     def run() -> torch.Tensor:
-        out = scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8)
+        # TE's GEMM records no graph; backward_dw runs outside autograd's engine, where grad mode is on and the
+        # saved input may still require grad (the case input): torch ops would build a graph and save an operand.
+        with torch.no_grad():
+            out = scaled_gemm(label, "wgrad", g_op.t(), x_op, fp8)
         return out if out_dtype is None else out.to(out_dtype)
     return run
