@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, norm, optimizers, padding,
-                                quantize, rope, scaled_activation)
+from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, grouped_offsets, norm, optimizers,
+                                padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -64,6 +64,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **optimizers.functions(),
     # Fused RoPE: apply_rotary_pos_emb(fused=True), apply_fused_qkv_rotary_pos_emb (MultiheadAttention's RoPE).
     **rope.functions(),
+    # Grouped-tensor offsets from split sizes (TE >= 2.20: GroupedLinear's grouped-tensor path, te.ops' grouped MLP).
+    **grouped_offsets.functions(),
 }
 
 
