@@ -109,6 +109,7 @@ def make_cuda() -> FakeCuda:
         get_rng_state=lambda device="cuda": torch.get_rng_state(),
         set_rng_state=lambda state, device="cuda": torch.set_rng_state(state),
         manual_seed=torch.manual_seed,
+        manual_seed_all=torch.manual_seed,  # one emulated device: "all" is the CPU generator manual_seed seeds
         _lazy_call=lambda fn, **kw: fn(),
         _lazy_init=lambda: None,
     )

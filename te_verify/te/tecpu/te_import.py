@@ -10,7 +10,8 @@
 4. `transformer_engine.pytorch` is imported with TE's own switch NVTE_TORCH_COMPILE=0 (JIT_FUSIONS): TE's jit_fuser
    functions (LayerNormMLP's bias+GELU and its gradient) then run as TE wrote them, eagerly, instead of through
    torch.compile, whose inductor build on CPU took 20-45 s per new shape here (measured 2026-11-29 on TE 2.20.2's
-   LayerNormMLP, 8x16 -> 32); the header says so. Nothing else of the process is changed.
+   LayerNormMLP, 8x16 -> 32); the four GELU ones with the compiled kernel's numerics (fp32 inside, one rounding:
+   jit_fusions.py); the header says so. Nothing else of the process is changed.
 """
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from te_verify.te.tecpu import cuda, device, rewrite, surface, tex
+from te_verify.te.tecpu import cuda, device, jit_fusions, rewrite, surface, tex
 
 MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
 # The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
 # TE accepts is TE's own check against the emulated capability.
 # TE's switch for its jit_fuser functions during the import, and the header's words for it.
 JIT_FUSIONS = ("NVTE_TORCH_COMPILE", "0")
-JIT_NOTE = "TE's jit fusions run eagerly (NVTE_TORCH_COMPILE=0)"
+JIT_NOTE = ("TE's jit fusions run eagerly (NVTE_TORCH_COMPILE=0), its GELU fusions in fp32 with one rounding as "
+            "their compiled kernels")
 QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, "
               "NVFP4BlockScaling (MXFP8 and NVFP4 need sm100; NVFP4 stochastic rounding from a seeded generator)")
 
@@ -126,9 +128,13 @@ def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
     tex_surface = check_version(te_version)
     device.configure(capability)
     sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
-    rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common})
-    with _env("NVTE_PROJECT_BUILDING", "1"), _env(*JIT_FUSIONS):
-        te = importlib.import_module("transformer_engine.pytorch")
+    rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common,
+                                             "transformer_engine.pytorch.jit": jit_fusions.patch})
+    try:
+        with _env("NVTE_PROJECT_BUILDING", "1"), _env(*JIT_FUSIONS):
+            te = importlib.import_module("transformer_engine.pytorch")
+    except jit_fusions.MissingFusion as exc:
+        raise BootError(str(exc)) from None
     info = BootInfo(te_version, os.path.dirname(os.path.dirname(te.__file__)), capability, tex_surface.source,
                     _LOG.by_rule(), tuple(_LOG.stubbed_modules))
     _BOOTED.append(info)
