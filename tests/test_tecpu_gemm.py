@@ -186,3 +186,26 @@ def test_grouped_gemm_matches_per_group_matmuls(te, single_output: bool) -> None
     got = list(result[0].split(m_splits)) if single_output else result
     for i, (o, w) in enumerate(zip(got, want)):
         assert_equal(o, w, f"grouped GEMM group {i} (m={m_splits[i]}, single_output={single_output})")
+
+
+@pytest.mark.parametrize("a_dim, b_dim, fails", [(None, 1, True), (1, None, True), (2, 1, False)])
+def test_operands_of_incompatible_scaling_modes_raise_tes_error(te, a_dim, b_dim, fails) -> None:
+    """cuBLAS takes one scaling mode, or FP8 block scaling's 1D with 2D (cublaslt_gemm.cu CanonicalizeGemmInput);
+    per-tensor FP8 (None here) against FP8 block scaling raises TE's error naming both modes."""
+    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+
+    def quantize(t: torch.Tensor, dim: int | None):
+        if dim is None:
+            return fp8(te, t, 1.0)
+        return Float8BlockQuantizer(te.tex.DType.kFloat8E4M3, rowwise=True, columnwise=True, block_scaling_dim=dim)(t)
+
+    a, b, _ = operands("TN", m=128, n=128, k=128)
+    qa, qb = quantize(a, a_dim), quantize(b, b_dim)
+    modes = {None: "NVTE_DELAYED_TENSOR_SCALING", 1: "NVTE_BLOCK_SCALING_1D", 2: "NVTE_BLOCK_SCALING_2D"}
+    if not fails:
+        out, *_ = te.gemm(qa, qb, out_dtype=torch.float32, layout="TN")
+        assert out.shape == (128, 128)
+        return
+    with pytest.raises(RuntimeError, match=f"compatible scaling modes, but got A.scaling_mode = {modes[a_dim]}, "
+                                           f"B.scaling_mode = {modes[b_dim]}"):
+        te.gemm(qa, qb, out_dtype=torch.float32, layout="TN")

@@ -73,6 +73,30 @@ def _operand(t: Any, name: str, trans: bool) -> Operand:
     return t.reshape(-1, t.shape[-1]), None, None
 
 
+# TE's NVTEScalingMode names (transformer_engine.cpp to_string) by operand format; a high-precision tensor's is the
+# default, per-tensor scaling's.
+_SCALING_MODES = {None: "NVTE_DELAYED_TENSOR_SCALING", "Float8": "NVTE_DELAYED_TENSOR_SCALING",
+                  "MXFP8Quantizer": "NVTE_MXFP8_1D_SCALING", "NVFP4Quantizer": "NVTE_NVFP4_1D_SCALING"}
+_BLOCK_MODES = {"NVTE_BLOCK_SCALING_1D", "NVTE_BLOCK_SCALING_2D"}
+
+
+def scaling_mode(t: Any) -> str:
+    """The NVTEScalingMode TE's C++ gives a GEMM operand."""
+    kind = "Float8" if _is_fp8(t) else block_quantize.kind_of(t)
+    if kind == "Float8BlockQuantizer":
+        return f"NVTE_BLOCK_SCALING_{'2D' if t._is_2D_scaled else '1D'}"
+    return _SCALING_MODES[kind]
+
+
+def check_scaling_modes(A: Any, B: Any) -> None:
+    """cuBLAS's GEMM takes operands of one scaling mode, or 1D and 2D FP8 block scaling (cublaslt_gemm.cu,
+    CanonicalizeGemmInput): anything else raises TE's error (a hybrid recipe's NVFP4 x FP8 backward, say)."""
+    a, b = scaling_mode(A), scaling_mode(B)
+    if a != b and {a, b} != _BLOCK_MODES:
+        raise RuntimeError(f"Inputs A and B to GEMM need to have compatible scaling modes, but got A.scaling_mode = "
+                           f"{a}, B.scaling_mode = {b}")
+
+
 def _check_fp8_ld(a: torch.Tensor, b: torch.Tensor, transa: bool, transb: bool) -> None:
     """cuBLAS's FP8 leading-dimension rule as TE checks it (after canonicalization both are TN: lda = ldb = k)."""
     k = a.shape[1] if transa else a.shape[0]
@@ -104,8 +128,6 @@ def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.T
     (a, a_si, a_format), (b, b_si, b_format) = a_op, b_op
     if (a_si is None) != (b_si is None):
         refuse("a GEMM mixing FP8 and high-precision operands")
-    if a_format != b_format:
-        refuse(f"a GEMM mixing {a_format} and {b_format} operands")
     if a_format == "Float8":
         _check_fp8_ld(a, b, transa, transb)
     opa = a.float().t() if transa else a.float()
@@ -165,6 +187,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     dtype = _out_dtype(output_dtype, A)
     if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
+    check_scaling_modes(A, B)
     b_op = _operand(B, "B", transB)
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad, pre_gelu = None, None
@@ -217,6 +240,7 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             if bias[i].numel() and grad:
                 write(bias[i], 0)
             continue
+        check_scaling_modes(a, b)
         b_op = _operand(b, "B", transb)
         result = product(_operand(a, "A", transa), transa, b_op, transb)
         if bias[i].numel() and grad:
