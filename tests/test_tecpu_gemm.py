@@ -209,3 +209,21 @@ def test_operands_of_incompatible_scaling_modes_raise_tes_error(te, a_dim, b_dim
     with pytest.raises(RuntimeError, match=f"compatible scaling modes, but got A.scaling_mode = {modes[a_dim]}, "
                                            f"B.scaling_mode = {modes[b_dim]}"):
         te.gemm(qa, qb, out_dtype=torch.float32, layout="TN")
+
+
+@pytest.mark.parametrize("layout, k, fails", [("NT", 24, None), ("TN", 24, "A"), ("NN", 24, "B"), ("TN", 32, None)])
+def test_fp8_leading_dims_follow_the_layout_read_on_sm100(te, monkeypatch, layout, k, fails) -> None:
+    """sm100 reads per-tensor FP8 in any layout (CanonicalizeGemmInput): A's leading dim is k transposed, else m;
+    B's is n transposed, else k. A wgrad (NT) over 24 rows has leading dims 32 and 48 there; sm90's TN reads need
+    k itself (test_fp8_k_not_divisible_by_16_raises)."""
+    from te_verify.te.tecpu import device
+    monkeypatch.setattr(device, "non_tn_fp8_gemm", lambda: True)
+    a, b, _ = operands(layout, m=48, n=32, k=k)
+    qa, qb = fp8(te, a, 1.0), fp8(te, b, 1.0)
+    if fails:
+        with pytest.raises(RuntimeError, match=f"Leading dimension requirement on {fails} for FP8 GEMM"):
+            te.gemm(qa, qb, out_dtype=torch.float32, layout=layout, grad=layout != "TN")
+        return
+    out, *_ = te.gemm(qa, qb, out_dtype=torch.float32, layout=layout, grad=layout != "TN")
+    want = reference(qa.dequantize(dtype=torch.float32), qb.dequantize(dtype=torch.float32), layout)
+    assert_equal(out, want, f"FP8 {layout} GEMM at sm100 vs product of dequantized operands")

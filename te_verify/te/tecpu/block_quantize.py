@@ -235,17 +235,19 @@ def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, to
         products = nvfp4.block_products(data, scales)
         scale = nvfp4.GlobalScale(amax.float().reshape(()), t._nvfp4_e4m3_max)
         return (products if use_rowwise else products.t()), scale, kind
-    return _block_values(t, use_rowwise), one, kind
+    return block_values(t, use_rowwise), one, kind
 
 
-def _block_values(t: Any, use_rowwise: bool) -> torch.Tensor:
+def block_values(t: Any, use_rowwise: bool, gemm: bool = True) -> torch.Tensor:
+    """An FP8 block-scaled storage's fp32 values (logical shape, 2-D) from one direction; as a GEMM operand on sm100
+    its scales must be powers of 2 (TE converts them to MXFP8's), which a dequantize does not ask."""
     data = t._rowwise_data if use_rowwise else t._columnwise_data
     data = data.reshape(-1, data.shape[-1]) if use_rowwise else data.reshape(data.shape[0], -1)
     buffer = t._rowwise_scale_inv if use_rowwise else t._columnwise_scale_inv
     m, k = data.shape
     blocks = -(-k // block_fp8.BLOCK)
     scale_inv = buffer[:-(-m // block_fp8.BLOCK), :blocks] if t._is_2D_scaled else buffer[:blocks, :m].t()
-    if device.sm_arch() >= 100 and not _powers_of_two(scale_inv):
+    if gemm and device.sm_arch() >= 100 and not _powers_of_two(scale_inv):
         refuse("an FP8 block-scaling GEMM with non-power-of-2 scales on sm100 (TE converts it to MXFP8)")
     values = block_fp8.dequantize(data, scale_inv, device.torch_dtype(t._fp8_dtype), t._is_2D_scaled)
     return values if use_rowwise else values.t()

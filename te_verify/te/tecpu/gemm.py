@@ -97,11 +97,25 @@ def check_scaling_modes(A: Any, B: Any) -> None:
                            f"{a}, B.scaling_mode = {b}")
 
 
-def _check_fp8_ld(a: torch.Tensor, b: torch.Tensor, transa: bool, transb: bool) -> None:
-    """cuBLAS's FP8 leading-dimension rule as TE checks it (after canonicalization both are TN: lda = ldb = k)."""
-    k = a.shape[1] if transa else a.shape[0]
-    if k % 16:
+def check_fp8_leading_dims(A: Any, transA: bool, B: Any, transB: bool) -> None:
+    """cuBLAS's leading-dimension rule for per-tensor FP8 as CanonicalizeGemmInput checks it: the leading dimension of
+    the data each operand is read from a multiple of 16. sm90 reads both as TN (transposed copies where needed): k.
+    sm100 reads any layout: A's rowwise data has k (transposed) or m, B's n (transposed) or k, and a copy read for
+    want of rowwise data the other (m, n, k as cublas_gemm derives them from A's and B's flat dims)."""
+    if not _is_fp8(A):
+        return
+    (a0, a1), (b0, b1) = _dims2(shape_of(A)), _dims2(shape_of(B))
+    m, k = (a0, a1) if transA else (a1, a0)
+    n = b1 if transB else b0
+    lda = ldb = k
+    if device.non_tn_fp8_gemm():
+        a_rows, b_rows = A._data is not None, not _is_fp8(B) or B._data is not None
+        lda = (k if transA else m) if a_rows else (m if transA else k)
+        ldb = (n if transB else k) if b_rows else (k if transB else n)
+    if lda % 16:
         raise RuntimeError("Leading dimension requirement on A for FP8 GEMM. Caller must pad.")
+    if ldb % 16:
+        raise RuntimeError("Leading dimension requirement on B for FP8 GEMM. Caller must pad.")
 
 
 def output_shape(a_shape: tuple, transa: bool, b_shape: tuple, transb: bool) -> list[int]:
@@ -125,11 +139,9 @@ def _dims2(shape: tuple) -> tuple[int, int]:
 def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.Tensor:
     """op(B) @ op(A) in fp32; quantized operands multiplied as their (block-scaled) values, then scaled by both
     per-tensor factors (scale_inv_A * scale_inv_B)."""
-    (a, a_si, a_format), (b, b_si, b_format) = a_op, b_op
+    (a, a_si, a_format), (b, b_si, _) = a_op, b_op
     if (a_si is None) != (b_si is None):
         refuse("a GEMM mixing FP8 and high-precision operands")
-    if a_format == "Float8":
-        _check_fp8_ld(a, b, transa, transb)
     opa = a.float().t() if transa else a.float()
     opb = b.float().t() if transb else b.float()
     nvfp4_gemm = a_format == "NVFP4Quantizer"
@@ -188,6 +200,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
     check_scaling_modes(A, B)
+    check_fp8_leading_dims(A, transA, B, transB)
     b_op = _operand(B, "B", transB)
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad, pre_gelu = None, None
@@ -241,6 +254,7 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
                 write(bias[i], 0)
             continue
         check_scaling_modes(a, b)
+        check_fp8_leading_dims(a, transa, b, transb)
         b_op = _operand(b, "B", transb)
         result = product(_operand(a, "A", transa), transa, b_op, transb)
         if bias[i].numel() and grad:

@@ -19,6 +19,7 @@ _MODULES = {
     "NVFP4Quantizer": "transformer_engine.pytorch.tensor.nvfp4_tensor",
     "NVFP4Tensor": "transformer_engine.pytorch.tensor.nvfp4_tensor",
     "NVFP4TensorStorage": "transformer_engine.pytorch.tensor.storage.nvfp4_tensor_storage",
+    "GroupedTensorStorage": "transformer_engine.pytorch.tensor.storage.grouped_tensor_storage",
 }
 
 

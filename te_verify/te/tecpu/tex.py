@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, grouped_offsets, norm, optimizers,
-                                padding, quantize, rope, scaled_activation)
+from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets, norm,
+                                optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -66,6 +66,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **rope.functions(),
     # Grouped-tensor offsets from split sizes (TE >= 2.20: GroupedLinear's grouped-tensor path, te.ops' grouped MLP).
     **grouped_offsets.functions(),
+    # A GroupedTensor's groups quantized into one packed storage (TE >= 2.20; GroupedLinear's grouped-tensor path).
+    **group_quantize.functions(),
 }
 
 

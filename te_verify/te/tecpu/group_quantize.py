@@ -1,0 +1,152 @@
+"""tex.group_quantize and tex.bgrad_group_quantize (csrc/extensions/cast.cpp): a GroupedTensor's groups quantized
+into one packed storage, and the per-group bias gradient.
+
+TE's kernel quantizes each group as the per-tensor quantizer quantizes that group alone (its own amax, scales and
+padding; TE's test_grouped_tensor checks the packed buffers against per-tensor quantization, concatenated). So does
+the emulation: the output is TE's own packed storage (GroupedTensorStorage.make_grouped_tensor: the buffers, their
+per-group offsets and views), and each group's elements, located by the storage's element offsets, are quantized into
+its view by the emulated tex.quantize. Current scaling's per-group amax and scale are also written into the storage's
+`amax` and `scale`, as cast.cpp's compute_grouped_fp8_current_scaling_amax_and_scale does. What cast.cpp refuses
+raises its error; a quantizer kind it does not dispatch raises its error too.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from te_verify.te import fp8
+from te_verify.te.tecpu import block_quantize, device, quantize
+from te_verify.te.tecpu.te_classes import te_class
+from te_verify.te.tecpu.writes import write
+
+_GROUPED_KINDS = ("MXFP8Quantizer", "NVFP4Quantizer", "Float8CurrentScalingQuantizer", "Float8BlockQuantizer")
+_BGRAD_KINDS = ("MXFP8Quantizer", "Float8BlockQuantizer")
+
+
+def _kind(quantizer: Any) -> str | None:
+    return next((k for k in _GROUPED_KINDS if isinstance(quantizer, te_class(k))), None)
+
+
+def _reuse(output: Any, quantizer: Any, num_tensors: int, shape: list[int], uniform: bool) -> Any:
+    """cast.cpp's checks on a destination handed back for reuse (weight caching, CUDA graph replay)."""
+    if not uniform:
+        raise RuntimeError("group_quantize: output reuse currently requires uniform tensor shapes.")
+    if output.num_tensors != num_tensors:
+        raise RuntimeError("group_quantize: output has a different number of tensors.")
+    if list(output.logical_shape) != shape:
+        raise RuntimeError("group_quantize: output has an incompatible logical shape.")
+    if output.quantizer is None:
+        raise RuntimeError("group_quantize: output must have quantized storage.")
+    if output.quantizer is not quantizer:
+        raise RuntimeError("group_quantize: output must have been created by the same quantizer.")
+    return output
+
+
+def _grouped_output(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first_dims: torch.Tensor | None,
+                    last_dims: torch.Tensor | None, tensor_offsets: torch.Tensor | None) -> Any:
+    rows, cols = tensor.shape
+    grouped = te_class("GroupedTensorStorage").make_grouped_tensor(num_tensors, first_dims, last_dims, rows, cols, quantizer,
+                                                   device.EMULATED, tensor.dtype)
+    if tensor_offsets is not None:  # the caller's offsets (precomputed on the device): TE's kernel reads these
+        grouped.tensor_offsets, grouped.offsets = tensor_offsets, tensor_offsets.tolist()
+    return grouped
+
+
+def _group_inputs(tensor: torch.Tensor, grouped: Any, views: list) -> list[torch.Tensor]:
+    """Each group's elements, as the kernel locates them: the storage's element offsets into the flat input."""
+    flat = tensor.reshape(-1)
+    offsets = grouped.offsets
+    return [flat[offsets[i]:offsets[i] + math.prod(shape)].view(shape)
+            for i, shape in enumerate(grouped.tensor_shapes[:len(views)])]
+
+
+def _quantize_groups(tensor: torch.Tensor, quantizer: Any, grouped: Any, noop_flag: torch.Tensor | None) -> None:
+    views = grouped.split_into_quantized_tensors()
+    current = _kind(quantizer) == "Float8CurrentScalingQuantizer"
+    for i, (x, view) in enumerate(zip(_group_inputs(tensor, grouped, views), views)):
+        quantize.quantize(x, quantizer, output=view, noop_flag=noop_flag)
+        if current and not (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
+            amax = quantize.amax_of(x) if x.numel() else torch.zeros((), device=device.EMULATED)
+            fp8_max = fp8.FP8_MAX[quantize.fp8_torch_dtype(quantizer.dtype)]
+            scale = quantize.compute_scale_from_amax(float(amax), fp8_max, quantizer.force_pow_2_scales,
+                                                     quantizer.amax_epsilon)
+            scale = torch.tensor([scale], dtype=torch.float32, device=device.EMULATED)
+            write(grouped.amax[i:i + 1], amax.reshape(1))
+            write(grouped.scale[i:i + 1], scale)
+            if not x.numel():  # an empty group: the kernel still writes its 1 / scale (quantize writes none)
+                write(view._scale_inv, torch.reciprocal(scale).reshape(view._scale_inv.shape))
+
+
+def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first_dims: torch.Tensor | None = None,
+                   last_dims: torch.Tensor | None = None, tensor_offsets: torch.Tensor | None = None,
+                   noop_flag: torch.Tensor | None = None, output: Any = None) -> Any:
+    """The packed storage of `tensor`'s `num_tensors` groups, each quantized as `quantizer` quantizes it alone."""
+    if tensor.dim() != 2:
+        raise RuntimeError("Tensor must be 2D")
+    uniform = first_dims is None and last_dims is None and tensor_offsets is None
+    if output is not None:
+        grouped = _reuse(output, quantizer, num_tensors, list(tensor.shape), uniform)
+    else:
+        grouped = _grouped_output(tensor, quantizer, num_tensors, first_dims, last_dims, tensor_offsets)
+    if tensor.numel() == 0:
+        return grouped
+    kind = _kind(quantizer)
+    if kind is None:
+        raise RuntimeError("group_quantize: only supports MXFP8, NVFP4, Float8CurrentScalingQuantizer, or "
+                           "Float8Blockwise quantizer.")
+    if kind == "NVFP4Quantizer" and last_dims is not None:
+        raise RuntimeError("group_quantize: varying last dim is not supported with NVFP4.")
+    _quantize_groups(tensor, quantizer, grouped, noop_flag)
+    return grouped
+
+
+def bgrad_group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
+                         first_dims: torch.Tensor | None = None, last_dims: torch.Tensor | None = None,
+                         tensor_offsets: torch.Tensor | None = None) -> tuple[Any, torch.Tensor]:
+    """group_quantize, and each group's column sums ([num_tensors, last dim], the input's dtype, fp32 sums)."""
+    if tensor.dim() != 2:
+        raise RuntimeError("Tensor must be 2D")
+    if last_dims is not None:
+        raise RuntimeError("bgrad_group_quantize: varying last dim is not supported because the underlying MXFP8 "
+                           "dbias kernel requires a constant last dimension across grouped tensors.")
+    if _kind(quantizer) not in _BGRAD_KINDS:
+        raise RuntimeError("bgrad_group_quantize: only MXFP8 and FP8 block-scaling quantizers are supported.")
+    grouped = _grouped_output(tensor, quantizer, num_tensors, first_dims, None, tensor_offsets)
+    cols = tensor.shape[1]
+    if tensor.numel() == 0:
+        return grouped, torch.zeros(num_tensors, cols, dtype=tensor.dtype, device=device.EMULATED)
+    _quantize_groups(tensor, quantizer, grouped, None)
+    views = grouped.split_into_quantized_tensors()
+    dbias = torch.stack([x.float().sum(0) for x in _group_inputs(tensor, grouped, views)]).to(tensor.dtype)
+    return grouped, dbias
+
+
+def group_dequantize(input: Any, otype: Any) -> Any:
+    """A high-precision GroupedTensor of `input`'s groups, each dequantized into its view as tex.dequantize does."""
+    rows, cols = input.logical_shape
+    out = te_class("GroupedTensorStorage").make_grouped_tensor(input.num_tensors, input.first_dims, input.last_dims,
+                                                               rows, cols, None, device.EMULATED,
+                                                               device.torch_dtype(otype))
+    if input.tensor_offsets is not None:
+        out.tensor_offsets, out.offsets = input.tensor_offsets, input.tensor_offsets.tolist()
+    if rows and cols:
+        for view, group in zip(out.split_into_quantized_tensors(), input.split_into_quantized_tensors()):
+            write(view, _dequantized(group, otype))
+    return out
+
+
+def _dequantized(group: Any, otype: Any) -> torch.Tensor:
+    """tex.dequantize's values, and FP8 block scaling's too: cast.cpp's grouped dequantize dispatches it (block scales
+    in fp32), the per-tensor one does not (TE's Python dequantizes those itself)."""
+    if block_quantize.kind_of(group) != "Float8BlockQuantizer":
+        return quantize.dequantize(group, otype)
+    rowwise = group._rowwise_data is not None
+    return block_quantize.block_values(group, rowwise, gemm=False).to(device.torch_dtype(otype))
+
+
+def functions() -> dict[str, Any]:
+    """The emulated tex functions of this module, by name."""
+    return {"group_quantize": group_quantize, "bgrad_group_quantize": bgrad_group_quantize,
+            "group_dequantize": group_dequantize}
