@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from te_verify import compat, environment, tmpdirs
-from te_verify.run import process_state
+from te_verify.run import process_state, worker_threads
 from te_verify.te import api as te_api, compile_path
 from te_verify import device as run_device
 from te_verify.checks.leftovers import process_left_by_test
@@ -179,6 +179,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Before anything initialises CUDA (TE's import does): xdist worker k binds GPU k mod n.
         worker = getattr(config, "workerinput", {}).get("workerid")
         run_device.use(run_device.resolve(config.getoption("device"), worker))
+        worker_threads.share_cores(worker is not None)
         config.stash[SESSION] = Session(config)
     except (TierError, BackendError, ExpectationsError, ShardError, ResumeError, ReportLockError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -210,7 +211,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"te_verify TE implementation: {session.te_impl.name}: {session.te_impl.describe} ({session.te_impl.why})",
         "te_verify compatibility steps: " + ("; ".join(compat.APPLIED) or "none"),
         f"te_verify TE torch.compile: {compile_path.support_line()}",
+        f"te_verify intra-op threads: {worker_threads.describe(_workers(config))}",
     ]
+
+
+def _workers(config: pytest.Config) -> int:
+    """xdist's worker count for this run (0: no workers, the tests run in this process)."""
+    count = getattr(config.option, "numprocesses", None) or 0
+    return count if isinstance(count, int) else 0
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
