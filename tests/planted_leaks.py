@@ -72,8 +72,14 @@ class LeavesDeterministicAlgorithms(_LeavesSetting):
 
 
 class LeavesOneThread(_LeavesSetting):
+    """Leaves one intra-op thread more than it found (a worker may run at one already: te_verify/run/worker_threads.py)."""
     name = "planted_leaves_one_thread"
-    leak = staticmethod(_setter(torch.get_num_threads, torch.set_num_threads, 1))
+
+    @staticmethod
+    def leak() -> Callable[[], None]:
+        was = torch.get_num_threads()
+        torch.set_num_threads(was + 1)
+        return lambda: torch.set_num_threads(was)
 
 
 class LeavesMatmulPrecisionMedium(_LeavesSetting):

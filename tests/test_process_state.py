@@ -163,7 +163,7 @@ def _judged_state() -> dict:
     (LeavesGradModeOff, "left grad mode disabled"),
     (LeavesDefaultDtypeFloat64, "left the default dtype torch.float64 (was torch.float32)"),
     (LeavesDeterministicAlgorithms, "left deterministic algorithms: enabled True (was False)"),
-    (LeavesOneThread, f"left the intra-op thread count 1 (was {THREADS})"),
+    (LeavesOneThread, f"left the intra-op thread count {THREADS + 1} (was {THREADS})"),
     (LeavesMatmulPrecisionMedium, "left float32 precision: matmul precision 'medium' (was 'highest')"),
     (LeavesMatmulPrecisionHigh, "left float32 precision: matmul precision 'high' (was 'highest')"),
     (LeavesAutocastEntered, "left autocast: nesting 1 (was 0), cpu enabled True (was False)"),
