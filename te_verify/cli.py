@@ -51,7 +51,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     report_dir = Path(args.resume or args.report_dir or default_report_dir())
     workers = default_workers() if args.workers is None else args.workers  # 0: in this process
-    argv = [str(CASES), "-q", "-p", "no:cacheprovider", "--tier", args.tier, "--report-dir", str(report_dir),
+    argv = [*([] if names_cases(extra) else [str(CASES)]), "-q", "-p", "no:cacheprovider", "--tier", args.tier,
+            "--report-dir", str(report_dir),
             "--junitxml", str(report_dir / "junit.xml"), "-n", str(workers)]
     for backend in args.backend:
         argv += ["--backend", backend]
@@ -63,6 +64,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if _written(report_dir / "results.json") not in (None, before):  # not after a usage error: its line says it all
         print(f"te-verify: report in {report_dir}")
     return int(code)
+
+
+def names_cases(extra: list[str]) -> bool:
+    """Whether the arguments for pytest select cases themselves: a node id or case file, or a file of them (pytest's
+    @file). Then the cases folder is not added: pytest would run the union, the whole tier."""
+    return any(a.startswith("@") or "::" in a or a.endswith(".py") for a in extra)
 
 
 def capability_passes(args: argparse.Namespace, extra: list[str]) -> list:
