@@ -170,8 +170,6 @@ SMALLEST: dict[str, Smallest] = {
     "--report-dir reports/compile-nightly": Smallest(None, "the nightly tier in .venv-compile: the nightly workflow"),
     "bash scripts/run_torch_compile_te.sh --tier pr --backend torch_compile_te --te-capability sm100 --report-dir "
     "reports/compile-sm100": Smallest(None, "the pr tier in .venv-compile at sm100: minutes"),
-    "python scripts/upstream/te_compiled_nvfp4_wgrad.py --cpu": Smallest(
-        None, "needs torch 2.14 (.venv-compile); the torch_compile_te NVFP4 entries hold the same gap"),
     "pytest cases/ --tier pr -n 2 --backend torch_compile_te": Smallest(
         None, "minutes; tests/test_te_compile.py runs one torch_compile_te case through the plugin"),
 }
