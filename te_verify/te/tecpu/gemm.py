@@ -88,6 +88,12 @@ def scaling_mode(t: Any) -> str:
     return _SCALING_MODES[kind]
 
 
+def check_operands(A: Any, transA: bool, B: Any, transB: bool) -> None:
+    """What CanonicalizeGemmInput checks before a GEMM runs: compatible scaling modes, then FP8 leading dimensions."""
+    check_scaling_modes(A, B)
+    check_fp8_leading_dims(A, transA, B, transB)
+
+
 def check_scaling_modes(A: Any, B: Any) -> None:
     """cuBLAS's GEMM takes operands of one scaling mode, or 1D and 2D FP8 block scaling (cublaslt_gemm.cu,
     CanonicalizeGemmInput): anything else raises TE's error (a hybrid recipe's NVFP4 x FP8 backward, say)."""
@@ -199,8 +205,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     dtype = _out_dtype(output_dtype, A)
     if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
-    check_scaling_modes(A, B)
-    check_fp8_leading_dims(A, transA, B, transB)
+    check_operands(A, transA, B, transB)
     b_op = _operand(B, "B", transB)
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad, pre_gelu = None, None
@@ -253,8 +258,7 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             if bias[i].numel() and grad:
                 write(bias[i], 0)
             continue
-        check_scaling_modes(a, b)
-        check_fp8_leading_dims(a, transa, b, transb)
+        check_operands(a, transa, b, transb)
         b_op = _operand(b, "B", transb)
         result = product(_operand(a, "A", transa), transa, b_op, transb)
         if bias[i].numel() and grad:

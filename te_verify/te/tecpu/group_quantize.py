@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from te_verify.te import fp8
 from te_verify.te.tecpu import block_quantize, device, quantize
 from te_verify.te.tecpu.te_classes import te_class
 from te_verify.te.tecpu.writes import write
@@ -44,39 +43,40 @@ def _reuse(output: Any, quantizer: Any, num_tensors: int, shape: list[int], unif
     return output
 
 
-def _grouped_output(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first_dims: torch.Tensor | None,
-                    last_dims: torch.Tensor | None, tensor_offsets: torch.Tensor | None) -> Any:
-    rows, cols = tensor.shape
-    grouped = te_class("GroupedTensorStorage").make_grouped_tensor(num_tensors, first_dims, last_dims, rows, cols, quantizer,
-                                                   device.EMULATED, tensor.dtype)
-    if tensor_offsets is not None:  # the caller's offsets (precomputed on the device): TE's kernel reads these
+def _packed(num_tensors: int, first_dims: torch.Tensor | None, last_dims: torch.Tensor | None, shape: tuple,
+            quantizer: Any, dtype: torch.dtype, tensor_offsets: torch.Tensor | None) -> Any:
+    """TE's own packed storage for the groups; the caller's element offsets (precomputed on the device), where given,
+    are what TE's kernel reads."""
+    rows, cols = shape
+    grouped = te_class("GroupedTensorStorage").make_grouped_tensor(num_tensors, first_dims, last_dims, rows, cols,
+                                                                   quantizer, device.EMULATED, dtype)
+    if tensor_offsets is not None:
         grouped.tensor_offsets, grouped.offsets = tensor_offsets, tensor_offsets.tolist()
     return grouped
 
 
-def _group_inputs(tensor: torch.Tensor, grouped: Any, views: list) -> list[torch.Tensor]:
+def _group_inputs(tensor: torch.Tensor, grouped: Any) -> list[torch.Tensor]:
     """Each group's elements, as the kernel locates them: the storage's element offsets into the flat input."""
-    flat = tensor.reshape(-1)
-    offsets = grouped.offsets
+    flat, offsets = tensor.reshape(-1), grouped.offsets
     return [flat[offsets[i]:offsets[i] + math.prod(shape)].view(shape)
-            for i, shape in enumerate(grouped.tensor_shapes[:len(views)])]
+            for i, shape in enumerate(grouped.tensor_shapes[:grouped.num_tensors])]
 
 
-def _quantize_groups(tensor: torch.Tensor, quantizer: Any, grouped: Any, noop_flag: torch.Tensor | None) -> None:
-    views = grouped.split_into_quantized_tensors()
-    current = _kind(quantizer) == "Float8CurrentScalingQuantizer"
-    for i, (x, view) in enumerate(zip(_group_inputs(tensor, grouped, views), views)):
+def _quantize_groups(tensor: torch.Tensor, quantizer: Any, grouped: Any,
+                     noop_flag: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each group quantized into its view; current scaling's amax and scale into the storage. Returns the groups."""
+    inputs = _group_inputs(tensor, grouped)
+    current = _kind(quantizer) == "Float8CurrentScalingQuantizer" and not quantize.noop(noop_flag)
+    for i, (x, view) in enumerate(zip(inputs, grouped.split_into_quantized_tensors())):
         quantize.quantize(x, quantizer, output=view, noop_flag=noop_flag)
-        if current and not (noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)):
+        if current:
             amax = quantize.amax_of(x) if x.numel() else torch.zeros((), device=device.EMULATED)
-            fp8_max = fp8.FP8_MAX[quantize.fp8_torch_dtype(quantizer.dtype)]
-            scale = quantize.compute_scale_from_amax(float(amax), fp8_max, quantizer.force_pow_2_scales,
-                                                     quantizer.amax_epsilon)
-            scale = torch.tensor([scale], dtype=torch.float32, device=device.EMULATED)
+            scale = quantize.current_scale(quantizer, amax).reshape(1)
             write(grouped.amax[i:i + 1], amax.reshape(1))
             write(grouped.scale[i:i + 1], scale)
             if not x.numel():  # an empty group: the kernel still writes its 1 / scale (quantize writes none)
                 write(view._scale_inv, torch.reciprocal(scale).reshape(view._scale_inv.shape))
+    return inputs
 
 
 def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first_dims: torch.Tensor | None = None,
@@ -89,7 +89,7 @@ def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int, first
     if output is not None:
         grouped = _reuse(output, quantizer, num_tensors, list(tensor.shape), uniform)
     else:
-        grouped = _grouped_output(tensor, quantizer, num_tensors, first_dims, last_dims, tensor_offsets)
+        grouped = _packed(num_tensors, first_dims, last_dims, tensor.shape, quantizer, tensor.dtype, tensor_offsets)
     if tensor.numel() == 0:
         return grouped
     kind = _kind(quantizer)
@@ -113,24 +113,18 @@ def bgrad_group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
                            "dbias kernel requires a constant last dimension across grouped tensors.")
     if _kind(quantizer) not in _BGRAD_KINDS:
         raise RuntimeError("bgrad_group_quantize: only MXFP8 and FP8 block-scaling quantizers are supported.")
-    grouped = _grouped_output(tensor, quantizer, num_tensors, first_dims, None, tensor_offsets)
-    cols = tensor.shape[1]
+    grouped = _packed(num_tensors, first_dims, None, tensor.shape, quantizer, tensor.dtype, tensor_offsets)
     if tensor.numel() == 0:
-        return grouped, torch.zeros(num_tensors, cols, dtype=tensor.dtype, device=device.EMULATED)
-    _quantize_groups(tensor, quantizer, grouped, None)
-    views = grouped.split_into_quantized_tensors()
-    dbias = torch.stack([x.float().sum(0) for x in _group_inputs(tensor, grouped, views)]).to(tensor.dtype)
-    return grouped, dbias
+        return grouped, torch.zeros(num_tensors, tensor.shape[1], dtype=tensor.dtype, device=device.EMULATED)
+    inputs = _quantize_groups(tensor, quantizer, grouped, None)
+    return grouped, torch.stack([x.float().sum(0) for x in inputs]).to(tensor.dtype)
 
 
 def group_dequantize(input: Any, otype: Any) -> Any:
     """A high-precision GroupedTensor of `input`'s groups, each dequantized into its view as tex.dequantize does."""
     rows, cols = input.logical_shape
-    out = te_class("GroupedTensorStorage").make_grouped_tensor(input.num_tensors, input.first_dims, input.last_dims,
-                                                               rows, cols, None, device.EMULATED,
-                                                               device.torch_dtype(otype))
-    if input.tensor_offsets is not None:
-        out.tensor_offsets, out.offsets = input.tensor_offsets, input.tensor_offsets.tolist()
+    out = _packed(input.num_tensors, input.first_dims, input.last_dims, (rows, cols), None, device.torch_dtype(otype),
+                  input.tensor_offsets)
     if rows and cols:
         for view, group in zip(out.split_into_quantized_tensors(), input.split_into_quantized_tensors()):
             write(view, _dequantized(group, otype))

@@ -115,6 +115,19 @@ def amax_of(x: torch.Tensor) -> torch.Tensor:
     return x.detach().abs().float().nan_to_num(nan=0.0, posinf=float("inf")).max()
 
 
+def current_scale(q: Any, amax: torch.Tensor) -> torch.Tensor:
+    """A current-scaling quantizer's scale for `amax` (fp32, 0-d). nvte_compute_scale_from_amax passes fp32's max for
+    an infinite scale, whatever the input dtype."""
+    fp8_max = fp8.FP8_MAX[fp8_torch_dtype(q.dtype)]
+    return torch.tensor(compute_scale_from_amax(float(amax), fp8_max, q.force_pow_2_scales, q.amax_epsilon),
+                        dtype=torch.float32, device=device.EMULATED)
+
+
+def noop(noop_flag: torch.Tensor | None) -> bool:
+    """TE's no-op flag set: the kernel skips its work (skip_fp8_weight_update)."""
+    return noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1)
+
+
 def _quantize_into(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor | None = None) -> None:
     if x.numel() == 0:
         return
@@ -126,9 +139,7 @@ def _quantize_into(q: Any, x: torch.Tensor, out: Any, given_amax: torch.Tensor |
     else:
         if q.with_amax_reduction:
             refuse("Float8CurrentScalingQuantizer amax reduction across ranks")
-        # nvte_compute_scale_from_amax passes fp32's max for an infinite scale, whatever the input dtype.
-        scale = torch.tensor(compute_scale_from_amax(float(amax), fp8.FP8_MAX[dtype], q.force_pow_2_scales,
-                                                     q.amax_epsilon), dtype=torch.float32, device=device.EMULATED)
+        scale = current_scale(q, amax)
     write(out._scale_inv, torch.reciprocal(scale).reshape(out._scale_inv.shape))
     _cast_into(out, x, scale, dtype)
 
@@ -143,7 +154,7 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop_flag
         output = _allocate(quantizer, tuple(src.shape), src.dtype, src)
     else:
         _coerce(quantizer, output)
-    if noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1):
+    if noop(noop_flag):
         return output
     _quantize_into(quantizer, src, output)
     return output
