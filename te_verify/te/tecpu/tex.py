@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets, norm,
-                                optimizers, padding, quantize, rope, scaled_activation)
+from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
+                                moe_permute, norm, optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -68,6 +68,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **grouped_offsets.functions(),
     # A GroupedTensor's groups quantized into one packed storage (TE >= 2.20; GroupedLinear's grouped-tensor path).
     **group_quantize.functions(),
+    # MoE token permutation by an index router map (te.moe_permute / moe_unpermute with map_type="index").
+    **moe_permute.functions(),
 }
 
 
