@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
-                                moe_permute, norm, optimizers, padding, quantize, rope, scaled_activation)
+                                moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -70,6 +70,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **group_quantize.functions(),
     # MoE token permutation by an index router map (te.moe_permute / moe_unpermute with map_type="index").
     **moe_permute.functions(),
+    # multi_tensor_scale[_tensor], _l2norm, _unscale_l2norm, _compute_scale_and_scale_inv, _compute_scale_inv_e8m0.
+    **multi_tensor.functions(),
 }
 
 
