@@ -1,7 +1,7 @@
 """tex's multi-tensor utility kernels (common/multi_tensor/scale.cu, l2norm.cu, compute_scale.cu, main d0067d0):
 multi_tensor_scale[_tensor], multi_tensor_l2norm, multi_tensor_unscale_l2norm, multi_tensor_compute_scale_and_scale_inv,
-multi_tensor_compute_scale_inv_e8m0. Megatron-core's gradient clipping calls TE's l2norm and scale when apex is
-absent; FP8 primary weights compute their scales with compute_scale.
+multi_tensor_compute_scale_inv_e8m0. Megatron-core's gradient clipping (optimizer/clip_grads.py) takes TE's l2norm
+and scale when TE is installed; FP8 primary weights compute their scales with compute_scale.
 
 Each takes (chunk_size, noop_flag, tensor_lists, ...) from TE's multi_tensor_applier:
 - scale: out = in * scale in fp32, cast to out's dtype; the flag set to 1 when an input is not finite;
