@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, seed, settings
 from te_verify.run.caserun import CaseRun
 from te_verify.matrix.stacks import case_specs
 from te_verify.matrix.models import model_case_specs
+from te_verify.matrix.tiers import GENERATED
 from te_verify.plugin import known_gap
 
-FAMILY = "generated"
+FAMILY = GENERATED
 LANE = "torch"
 
 

@@ -142,6 +142,23 @@ def test_stale_expectation_warns_at_the_end_of_a_nightly_run_only(tmp_path):
 
 
 @pytest.mark.system
+def test_an_entry_of_a_drawn_family_the_days_draw_misses_is_not_called_stale(tmp_path):
+    folder = tmp_path / "expectations"
+    folder.mkdir()
+    (folder / "eager.toml").write_text('[[xfail]]\nglob = "*-no-such-draw-*"\nfamily = "generated"\n'
+                                       'checks = ["grad_parity"]\nreason = "planted"\n'
+                                       'link = "https://example.org/planted"\n'
+                                       '[[xfail]]\nprefix = "lin9-no-such-case"\nchecks = ["grad_parity"]\n'
+                                       'reason = "planted"\nlink = "https://example.org/planted"\n')
+    proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "eager", "--max-examples", "2",
+                      "--expectations", str(folder))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "stale expectation " in proc.stdout and "lin9-no-such-case" in proc.stdout  # the enumerated entry
+    assert "1 expectation(s) of drawn families met by no spec of this run's draw" in proc.stdout
+    assert f"{folder / 'eager.toml'}:1" in proc.stdout and "'*-no-such-draw-*' matched" not in proc.stdout
+
+
+@pytest.mark.system
 def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
     folder = tmp_path / "expectations"
     folder.mkdir()

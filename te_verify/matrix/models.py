@@ -9,7 +9,7 @@ import functools
 
 from hypothesis import strategies as st
 
-from te_verify.matrix.tiers import check_tier, dedupe
+from te_verify.matrix.tiers import GENERATED_MODEL, check_tier, dedupe
 from te_verify.spec import PROJECTIONS, CaseSpec, ModelConfig
 
 LORA_TARGETS = {
@@ -144,7 +144,7 @@ def litgpt_lora_specs(tier: str) -> list[CaseSpec]:
 
 
 @st.composite
-def model_case_specs(draw, family: str = "generated_model") -> CaseSpec:
+def model_case_specs(draw, family: str = GENERATED_MODEL) -> CaseSpec:
     """Any valid Llama-family spec: block count, LoRA targets, rank, frozen stages, dtype, replays."""
     blocks = draw(st.integers(1, 2), label="blocks")
     targets = tuple(p for p in PROJECTIONS if draw(st.booleans(), label=f"lora_{p}"))

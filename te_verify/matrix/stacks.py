@@ -8,7 +8,8 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from te_verify.matrix.tiers import NON_SQUARE4, ODD_WIDTHS, SQUARE4, all_masks, check_tier, dedupe, named_masks
+from te_verify.matrix.tiers import (GENERATED, NON_SQUARE4, ODD_WIDTHS, SQUARE4, all_masks, check_tier, dedupe,
+                                    named_masks)
 from te_verify.spec import CaseSpec
 
 def freeze_specs(tier: str) -> list[CaseSpec]:
@@ -143,7 +144,7 @@ FAMILIES: dict[str, Callable[[str], list[CaseSpec]]] = {
 
 
 @st.composite
-def case_specs(draw, family: str = "generated", max_layers: int = 6) -> CaseSpec:
+def case_specs(draw, family: str = GENERATED, max_layers: int = 6) -> CaseSpec:
     """Any valid torch-lane spec; shrinks towards one small fp32 layer with nothing frozen."""
     # Fixed-length draws sliced to the depth: shrinking the depth then only truncates, so the shrinker can
     # always reach the shallowest failing stack (length-dependent draws shift the data and stall it).

@@ -11,6 +11,10 @@ import itertools
 from te_verify.spec import CaseSpec
 
 TIERS = ("smoke", "pr", "nightly")
+# The families whose specs hypothesis draws (nightly, seeded by the UTC date): which of their entries a run meets
+# depends on the day's draw.
+GENERATED, GENERATED_MODEL = "generated", "generated_model"
+DRAWN_FAMILIES = (GENERATED, GENERATED_MODEL)
 SQUARE4 = (32, 32, 32, 32, 32)
 NON_SQUARE4 = (32, 64, 128, 64, 32)  # the reviewer's stack in seed 000
 ODD_WIDTHS = ((13, 37, 23), (5, 7, 3, 11), (24, 40, 17, 9, 33))  # not multiples of 8 or 16
