@@ -103,6 +103,22 @@ def test_bias_gradient_is_column_sums_of_b(te) -> None:
     assert_equal(bias_grad, b.sum(0), "bias gradient (column sums of B)")
 
 
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_gemm_over_zero_tokens_runs_no_gemm_and_reads_no_scale(te, accumulate) -> None:
+    """gemm.cpp: with an operand of no elements no GEMM runs; D is left as it is when accumulating, else zeroed, and
+    the bias gradient is zeroed. An empty FP8 operand's scale was never computed (uninitialized on a GPU: NaN here),
+    so a product over it would poison a main_grad it accumulates into."""
+    x, dy = fp8(te, torch.empty(0, 16), 1.0), fp8(te, torch.empty(0, 48), 1.0)
+    for t in (x, dy):
+        t._scale_inv.fill_(float("nan"))
+    out = torch.full((48, 16), 0.5)
+    result, bias_grad, *_ = te.gemm(x, dy, out_dtype=torch.float32, layout="NT", grad=True, accumulate=accumulate,
+                                    out=out, bias=torch.empty(48))
+    assert result.data_ptr() == out.data_ptr()
+    assert_equal(out, torch.full((48, 16), 0.5 if accumulate else 0.0), "wgrad over zero tokens")
+    assert_equal(bias_grad, torch.zeros(48), "bias gradient over zero tokens")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fp8_operands_give_product_of_dequantized(te, layout: str) -> None:
     a, b, _ = operands(layout, m=16, n=32, k=48)

@@ -205,6 +205,8 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     dtype = _out_dtype(output_dtype, A)
     if D is not None and output_dtype is not None and D.dtype != device.torch_dtype(output_dtype):
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
+    if math.prod(shape_of(A)) == 0 or math.prod(shape_of(B)) == 0:
+        return _without_operands(A, B, D, quantizer, shape, dtype, bias, bias_type, gelu, grad, accumulate, extra_output)
     check_operands(A, transA, B, transB)
     b_op = _operand(B, "B", transB)
     result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
@@ -225,6 +227,29 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
             refuse("generic_gemm quantizing its output into an existing or accumulated D")
         return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, pre_gelu, extra_output]
     return [_write(result, D, shape, dtype, accumulate, beta), bias_grad, pre_gelu, extra_output]
+
+
+def _without_operands(A: Any, B: Any, D: Any, quantizer: Any, shape: list[int], dtype: torch.dtype,
+                      bias: torch.Tensor | None, bias_type: Any, gelu: bool, grad: bool, accumulate: bool,
+                      extra_output: Any) -> list:
+    """gemm.cpp when A or B holds no element (a GEMM over zero tokens): no GEMM runs, so no scale is read; D is zeroed
+    unless accumulating (then left as it is), the bias gradient zeroed, no bias added. Buffers the C++ allocates and
+    leaves unwritten (a fresh D it accumulates into, the GELU pre-activation) are zeros here."""
+    if D is None or not accumulate:
+        zeros = torch.zeros(shape, dtype=dtype, device=device.EMULATED)
+        if quantizer is not None:
+            D = tex_quantize(zeros, quantizer)
+        elif D is None:
+            D = zeros
+        else:
+            _write(zeros, D, shape, dtype, False, 0.0)
+    bias_grad = None
+    if bias is not None and grad:
+        bias_grad = torch.zeros(shape_of(B)[-1], dtype=dtype, device=device.EMULATED)
+    pre_gelu = None
+    if gelu and not grad:
+        pre_gelu = torch.zeros(shape, dtype=_gelu_dtype(A, B, bias_type, dtype), device=device.EMULATED)
+    return [D, bias_grad, pre_gelu, extra_output]
 
 
 def _gelu_dtype(A: Any, B: Any, bias_type: Any, dtype: torch.dtype) -> torch.dtype:
