@@ -29,7 +29,7 @@ INTERRUPT_GRACE_S = 120  # after SIGINT, pytest finishes its report; then the pr
 
 
 def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
-              extra: list[str]) -> Path:
+              extra: list[str], nan_uninitialized: bool = False) -> Path:
     """TE test files in one nice'd pytest process; returns its JUnit XML path.
 
     At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
@@ -42,6 +42,8 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                TE_OWN_TESTS_PROGRESS=str(progress),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
+    if nan_uninitialized:
+        env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
     command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
                "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
                "--continue-on-collection-errors",
@@ -103,9 +105,13 @@ def _junit_id(nodeid: str) -> str:
 
 
 def in_file(test_id: str, name: str) -> bool:
-    """Whether a JUnit test id (classname::name, classname the dotted module path) is from test file `name`.
-    A module that fails to import is one row with an empty classname and the dotted module path as its name."""
-    module = name.removesuffix(".py").replace("/", ".")
+    """Whether a JUnit test id (classname::name, classname the dotted module path) is from test file `name`, or is
+    the test `name` names when it is a node id. A module that fails to import is one row with an empty classname and
+    the dotted module path as its name."""
+    file, *classes, test = name.split("::") if "::" in name else (name, "")
+    module = file.removesuffix(".py").replace("/", ".")
+    if test:  # JUnit writes a node id's classes into its classname
+        return test_id == ".".join([module, *classes]) + "::" + test
     classname, _, test_name = test_id.partition("::")
     classname = classname or test_name
     return classname == module or classname.startswith(module + ".")
@@ -141,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-process", action="store_true",
                         help="all files in one pytest process (TE's import is paid once: a loaded machine)")
     parser.add_argument("--by-cause", action="store_true", help="print failures grouped by their first line")
+    parser.add_argument("--nan-uninitialized", action="store_true",
+                        help="fill uninitialized float memory with NaN (torch's deterministic mode): a read of memory "
+                             "nobody wrote fails deterministically instead of by the order tests ran in")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [args.files] if args.one_process else [[name] for name in args.files]
     for batch in batches:
         rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s,
-                                  args.nice, pytest_args))
+                                  args.nice, pytest_args, args.nan_uninitialized))
         for name in batch:
             report(name, [row for row in rows if in_file(row[0], name)], args.out, args.by_cause)
     return 0

@@ -18,6 +18,8 @@ import os
 import sys
 import types
 
+import torch
+
 from te_verify.compat import te_checkpoint_cpu
 from te_verify.te import tecpu
 from te_verify.te.tecpu import cuda, rewrite
@@ -27,6 +29,9 @@ CAPABILITY_ENV = "TE_OWN_TESTS_CAPABILITY"
 # A JSON-lines file each finished test phase is appended to as it ends: what a process killed before its JUnit XML
 # (a torch op in flight at the runner's time limit) still tells.
 PROGRESS_ENV = "TE_OWN_TESTS_PROGRESS"
+# Set: uninitialized float memory reads NaN (torch's deterministic mode, warn-only; TE reads that mode where it
+# chooses attention backends).
+NAN_UNINITIALIZED_ENV = "TE_OWN_TESTS_NAN_UNINITIALIZED"
 
 
 class CudaStrings(ast.NodeTransformer):
@@ -73,6 +78,9 @@ def pytest_configure(config) -> None:
     if not root:
         raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
     tecpu.boot(os.environ.get(CAPABILITY_ENV, "sm100"))
+    if os.environ.get(NAN_UNINITIALIZED_ENV):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
     te_checkpoint_cpu.apply()  # TE's checkpoints read torch.cuda.default_generators, which the emulation refuses
     sys.meta_path.insert(0, TestsFinder(root))
 

@@ -30,6 +30,11 @@ def test_rows_split_per_file(tmp_path: Path) -> None:
     assert [outcome for _, outcome, _ in nvfp4] == ["skipped"]
     broken = [row for row in rows if runner.in_file(row[0], "test_float8_blockwise_gemm_exact.py")]
     assert [outcome for _, outcome, _ in broken] == ["failed"]  # an import error counts against its file
+    # Node ids given instead of files: each names its own row (a class's tests included), not its file's.
+    one = [row for row in rows if runner.in_file(row[0], "test_recipe.py::TestFP8Recipe::test_a")]
+    assert [outcome for _, outcome, _ in one] == ["passed"]
+    assert [row[1] for row in rows if runner.in_file(row[0], "nvfp4/test_nvfp4_gemm_exact.py::test_c[128]")] == [
+        "skipped"]
 
 
 def test_missing_xml_reports_nothing(tmp_path: Path) -> None:
