@@ -16,6 +16,7 @@ whose sort read the keys as int32 (negative ids first; TransformerEngine#2907 ma
 """
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 import torch
@@ -57,9 +58,9 @@ def moe_permute_fwd(input: torch.Tensor, dtype: Any, indices: torch.Tensor, num_
     workspace = workspace or _workspace(max_expanded_token_num)
     keys = indices.reshape(-1).to(torch.int64)
     if bool((keys < 0).any()):
-        from te_verify.te.tecpu.te_import import installed_te_version  # te_import imports this module
-        if Version(installed_te_version()) < UINT32_KEYS_SINCE:
-            refuse(f"tex.moe_permute_fwd with negative expert ids under TE {installed_te_version()}")
+        te_version = importlib.metadata.version("transformer_engine")  # booted, so installed
+        if Version(te_version) < UINT32_KEYS_SINCE:
+            refuse(f"tex.moe_permute_fwd with negative expert ids under TE {te_version}")
     keys = keys & 0xFFFFFFFF  # the sort reads the int32 keys as uint32
     sorted_keys, sorted_rows = torch.sort(keys, stable=True)
     write(workspace[0][:pairs], sorted_keys.to(torch.int32))
