@@ -97,13 +97,19 @@ def test_external_backend_runs_the_whole_torch_lane(tmp_path):
     assert len(passed) + len(no_options) == torch_lane_cases(), [r["nodeid"] for r in mine if r not in passed]
 
 
-def _expectations(tmp_path: Path, prefix: str) -> Path:
+PLANTED = 'checks = ["grad_parity"]\nreason = "planted"\nlink = "https://example.org/planted"\n'
+
+
+def _entries(tmp_path: Path, *selectors: str) -> Path:
+    """An expectations folder whose eager.toml holds one planted grad_parity xfail per selector line."""
     folder = tmp_path / "expectations"
     folder.mkdir()
-    (folder / "eager.toml").write_text(
-        f'[[xfail]]\nprefix = "{prefix}"\nchecks = ["grad_parity"]\nreason = "planted"\n'
-        'link = "https://example.org/planted"\n')
+    (folder / "eager.toml").write_text("".join(f"[[xfail]]\n{selector}\n{PLANTED}" for selector in selectors))
     return folder
+
+
+def _expectations(tmp_path: Path, prefix: str) -> Path:
+    return _entries(tmp_path, f'prefix = "{prefix}"')
 
 
 @pytest.mark.system
@@ -143,13 +149,7 @@ def test_stale_expectation_warns_at_the_end_of_a_nightly_run_only(tmp_path):
 
 @pytest.mark.system
 def test_an_entry_of_a_drawn_family_the_days_draw_misses_is_not_called_stale(tmp_path):
-    folder = tmp_path / "expectations"
-    folder.mkdir()
-    (folder / "eager.toml").write_text('[[xfail]]\nglob = "*-no-such-draw-*"\nfamily = "generated"\n'
-                                       'checks = ["grad_parity"]\nreason = "planted"\n'
-                                       'link = "https://example.org/planted"\n'
-                                       '[[xfail]]\nprefix = "lin9-no-such-case"\nchecks = ["grad_parity"]\n'
-                                       'reason = "planted"\nlink = "https://example.org/planted"\n')
+    folder = _entries(tmp_path, 'glob = "*-no-such-draw-*"\nfamily = "generated"', 'prefix = "lin9-no-such-case"')
     proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "eager", "--max-examples", "2",
                       "--expectations", str(folder))
     assert proc.returncode == 0, proc.stdout[-2000:]
@@ -160,11 +160,7 @@ def test_an_entry_of_a_drawn_family_the_days_draw_misses_is_not_called_stale(tmp
 
 @pytest.mark.system
 def test_nodeid_entry_applies_to_a_test_that_draws_its_own_specs(tmp_path):
-    folder = tmp_path / "expectations"
-    folder.mkdir()
-    (folder / "eager.toml").write_text('[[xfail]]\nnodeid = "cases/test_generated.py::test_generated[eager]"\n'
-                                       'checks = ["grad_parity"]\nreason = "planted"\n'
-                                       'link = "https://example.org/planted"\n')
+    folder = _entries(tmp_path, 'nodeid = "cases/test_generated.py::test_generated[eager]"')
     proc = run_pytest("cases/test_generated.py", "--tier", "nightly", "--backend", "eager", "--max-examples", "3",
                       "--expectations", str(folder), "-rA")
     assert proc.returncode == 1 and "XPASS(strict)" not in proc.stdout  # the plugin rewrites it to name the entry
