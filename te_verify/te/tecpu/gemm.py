@@ -235,14 +235,13 @@ def _without_operands(A: Any, B: Any, D: Any, quantizer: Any, shape: list[int], 
     """gemm.cpp when A or B holds no element (a GEMM over zero tokens): no GEMM runs, so no scale is read; D is zeroed
     unless accumulating (then left as it is), the bias gradient zeroed, no bias added. Buffers the C++ allocates and
     leaves unwritten (a fresh D it accumulates into, the GELU pre-activation) are zeros here."""
-    if D is None or not accumulate:
-        zeros = torch.zeros(shape, dtype=dtype, device=device.EMULATED)
-        if quantizer is not None:
-            D = tex_quantize(zeros, quantizer)
-        elif D is None:
-            D = zeros
-        else:
-            _write(zeros, D, shape, dtype, False, 0.0)
+    zeros = torch.zeros(shape, dtype=dtype, device=device.EMULATED)
+    if D is not None and accumulate:
+        pass  # D keeps what it holds
+    elif quantizer is not None:
+        D = tex_quantize(zeros, quantizer)
+    else:
+        D = _write(zeros, D, shape, dtype, False, 0.0)
     bias_grad = None
     if bias is not None and grad:
         bias_grad = torch.zeros(shape_of(B)[-1], dtype=dtype, device=device.EMULATED)

@@ -23,6 +23,7 @@ import torch
 
 from packaging.version import Version
 
+from te_verify.te.tecpu import reduction_order
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.writes import write
@@ -37,8 +38,13 @@ def _check(x: torch.Tensor, what: str) -> None:
         refuse(f"tex.{what} over {x.dtype} data")
     if x.dim() != 2:
         raise RuntimeError(f"{what}: expected a 2D [tokens, hidden] input, got shape {tuple(x.shape)}")
-    if x.shape[1] % (16 // x.element_size()):
+    if x.shape[1] % _per_load(x):
         refuse(f"tex.{what} with a hidden size ({x.shape[1]}) not a whole number of the kernel's 16-byte loads")
+
+
+def _per_load(x: torch.Tensor) -> int:
+    """Elements of x in one of the kernels' 16-byte loads."""
+    return 16 // x.element_size()
 
 
 def _workspace(max_expanded_token_num: int) -> list[torch.Tensor]:
@@ -103,16 +109,9 @@ def lane_sum(products: torch.Tensor, chunk: int) -> torch.Tensor:
     `chunk` elements l, l + 32, ... (its 16-byte loads) element by element, then the lanes combine by xor-shuffle
     (masks 16 .. 1)."""
     tokens, hidden = products.shape
-    stride = LANES * chunk
-    padded = torch.nn.functional.pad(products, (0, -hidden % stride)).reshape(tokens, -1, LANES, chunk)
-    acc = torch.zeros(tokens, LANES, dtype=torch.float32, device=EMULATED)
-    for j in range(padded.shape[1]):
-        for e in range(chunk):
-            acc = acc + padded[:, j, :, e]
-    lanes = torch.arange(LANES, device=EMULATED)
-    for mask in (16, 8, 4, 2, 1):
-        acc = acc + acc[:, lanes ^ mask]
-    return acc[:, 0]
+    padded = torch.nn.functional.pad(products, (0, -hidden % (LANES * chunk))).reshape(tokens, -1, LANES, chunk)
+    per_lane = padded.transpose(1, 2).reshape(tokens, LANES, -1)  # a lane's elements in the order it adds them
+    return reduction_order.xor_butterfly(reduction_order.running_sum(per_lane, -1))
 
 
 def moe_unpermute_bwd(input_bwd: torch.Tensor, input_fwd: torch.Tensor, dtype: Any, row_id_map: torch.Tensor,
@@ -123,7 +122,6 @@ def moe_unpermute_bwd(input_bwd: torch.Tensor, input_fwd: torch.Tensor, dtype: A
     top_k = prob.shape[1] if weighted else 1
     num_tokens = prob.shape[0] if weighted else row_id_map.shape[0]
     rows = row_id_map.to(torch.int64).reshape(top_k, num_tokens)
-    chunk = 16 // input_bwd.element_size()  # elements a lane loads at once
     act_grad = torch.zeros(input_fwd.shape[0], input_bwd.shape[1], dtype=input_bwd.dtype, device=EMULATED)
     prob_grad = torch.zeros(num_tokens, top_k, dtype=torch.float32, device=EMULATED)
     for k in range(top_k):
@@ -132,7 +130,7 @@ def moe_unpermute_bwd(input_bwd: torch.Tensor, input_fwd: torch.Tensor, dtype: A
         grad = input_bwd[kept]
         act_grad[dest] = grad * prob[kept, k:k + 1].to(grad.dtype) if weighted else grad
         if weighted:
-            prob_grad[kept, k] = lane_sum((grad * input_fwd[dest]).float(), chunk)
+            prob_grad[kept, k] = lane_sum((grad * input_fwd[dest]).float(), _per_load(grad))
     return act_grad, prob_grad
 
 

@@ -26,6 +26,7 @@ import torch
 from te_verify.te import fp8
 from te_verify.te.tecpu import block_fp8, mxfp8
 from te_verify.te.tecpu.device import EMULATED
+from te_verify.te.tecpu.reduction_order import block_reduce, running_sum
 from te_verify.te.tecpu.writes import write
 
 F32 = torch.float32
@@ -93,17 +94,6 @@ def multi_tensor_compute_scale_inv_e8m0(chunk_size: int, noop_flag: None,
         write(scale_inv, mxfp8.e8m0_round_up(amax.float() * rcp).view(scale_inv.dtype).reshape(scale_inv.shape))
 
 
-def block_reduce(values: torch.Tensor) -> torch.Tensor:
-    """reduce_block_into_lanes over the last dimension (512 threads' values, fp32): x[t] += x[t + i] for i = 256,
-    128, 64; then x[t] + x[t + 32] for the first warp and a shuffle-down over 16 .. 1; thread 0's result."""
-    x = values
-    for half in (256, 128, 64, 32):
-        x = x[..., :half] + x[..., half:2 * half]
-    for offset in (16, 8, 4, 2, 1):
-        x = x[..., :offset] + x[..., offset:2 * offset]
-    return x[..., 0]
-
-
 def _chunk_results(x: torch.Tensor, chunk_size: int, inv_scale: torch.Tensor | None) -> torch.Tensor:
     """Each chunk's reduce_block_into_lanes result for one tensor ([chunks] fp32)."""
     flat = x.reshape(-1)
@@ -119,11 +109,8 @@ def _chunk_results(x: torch.Tensor, chunk_size: int, inv_scale: torch.Tensor | N
     steps = padded.reshape(chunks, -1, THREADS, ILP) if aligned else padded.reshape(chunks, -1, ILP, THREADS)
     if not aligned:
         steps = steps.transpose(2, 3)  # [chunks, steps, thread, ii]
-    sums = torch.zeros(chunks, THREADS, ILP, dtype=F32, device=EMULATED)
-    for step in range(steps.shape[1]):
-        sums = sums + steps[:, step] * steps[:, step]
-    thread_values = ((sums[..., 0] + sums[..., 1]) + sums[..., 2]) + sums[..., 3]
-    return block_reduce(thread_values)
+    sums = running_sum(steps * steps, 1)  # [chunks, thread, ii]: each thread's ILP sums over its steps
+    return block_reduce(running_sum(sums, -1))
 
 
 def launch_slots(chunk_counts: list[int]) -> list[int]:
@@ -178,11 +165,7 @@ def _strided_sums(per_chunk: list[torch.Tensor]) -> torch.Tensor:
     """cleanup's per-tensor block: thread t sums its tensor's chunk results t, t + 512, ... in turn ([n, 512])."""
     width = -(-max(r.numel() for r in per_chunk) // THREADS) * THREADS
     rows = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in per_chunk])
-    steps = rows.reshape(len(per_chunk), -1, THREADS)
-    sums = torch.zeros(len(per_chunk), THREADS, dtype=F32, device=EMULATED)
-    for step in range(steps.shape[1]):
-        sums = sums + steps[:, step]
-    return sums
+    return running_sum(rows.reshape(len(per_chunk), -1, THREADS), 1)
 
 
 def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]],
