@@ -247,8 +247,22 @@ class StubLoader(importlib.abc.Loader):
         pass
 
 
+class ObservedLoader(importlib.machinery.SourceFileLoader):
+    """Another package's module, loaded as it is; `after(module)` runs once it executed (a compatibility step for a
+    library that loads TE's source itself: nvinspect.py)."""
+
+    def __init__(self, fullname: str, path: str, after: Callable[[types.ModuleType], None]) -> None:
+        super().__init__(fullname, path)
+        self.after = after
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        super().exec_module(module)
+        self.after(module)
+
+
 class TEFinder(importlib.abc.MetaPathFinder):
-    """Serves every `transformer_engine.*` module through the rewriting loader (stubs for triton kernels)."""
+    """Serves every `transformer_engine.*` module through the rewriting loader (stubs for triton kernels), and
+    the other modules named in `after_exec` through an ObservedLoader."""
 
     def __init__(self, shim: types.SimpleNamespace, log: RewriteLog,
                  after_exec: dict[str, Callable[[types.ModuleType], None]]) -> None:
@@ -256,7 +270,7 @@ class TEFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path, target=None):
         if fullname.split(".")[0] != "transformer_engine":
-            return None
+            return self._observed_spec(fullname, path)
         if any(fullname == p or fullname.startswith(p + ".") for p in STUB_PACKAGES):
             return importlib.util.spec_from_loader(fullname, StubLoader(self.log), is_package=True)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -265,6 +279,21 @@ class TEFinder(importlib.abc.MetaPathFinder):
         loader = RewritingLoader(fullname, spec.origin, self)
         return importlib.util.spec_from_file_location(fullname, spec.origin, loader=loader,
                                                       submodule_search_locations=spec.submodule_search_locations)
+
+    def _observed_spec(self, fullname: str, path):
+        if fullname not in self.after_exec:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return spec
+        loader = ObservedLoader(fullname, spec.origin, self.after_exec[fullname])
+        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=loader,
+                                                      submodule_search_locations=spec.submodule_search_locations)
+
+    def spec_for_file(self, name: str, path: str) -> importlib.machinery.ModuleSpec:
+        """A spec loading TE's source file `path` as module `name`, rewritten (a file another library loads by
+        path, outside the import system)."""
+        return importlib.util.spec_from_file_location(name, path, loader=RewritingLoader(name, path, self))
 
 
 def _relative(path: str) -> str:
@@ -280,3 +309,11 @@ def install(shim: types.SimpleNamespace, log: RewriteLog,
     finder = TEFinder(shim, log, after_exec)
     sys.meta_path.insert(0, finder)
     return finder
+
+
+def installed_finder() -> TEFinder:
+    """The finder install() put on sys.meta_path."""
+    for finder in sys.meta_path:
+        if isinstance(finder, TEFinder):
+            return finder
+    raise RuntimeError("te_verify.te.tecpu: TE's import hook is not installed in this process")

@@ -11,7 +11,9 @@
    functions (LayerNormMLP's bias+GELU and its gradient) then run as TE wrote them, eagerly, instead of through
    torch.compile, whose inductor build on CPU took 20-45 s per new shape here (measured 2026-11-29 on TE 2.20.2's
    LayerNormMLP, 8x16 -> 32); the four GELU ones with the compiled kernel's numerics (fp32 inside, one rounding:
-   jit_fusions.py); the header says so. Nothing else of the process is changed.
+   jit_fusions.py); the header says so.
+5. nvdlfw_inspect's DebugManager, once imported, loads TE's debug features (files it reads by path) through the
+   rewriting loader too (nvinspect.py). Nothing else of the process is changed.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from te_verify.te.tecpu import cuda, device, jit_fusions, rewrite, surface, tex
+from te_verify.te.tecpu import cuda, device, jit_fusions, nvinspect, rewrite, surface, tex
 
 MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
 # The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
@@ -129,7 +131,10 @@ def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
     device.configure(capability)
     sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
     rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common,
-                                             "transformer_engine.pytorch.jit": jit_fusions.patch})
+                                             "transformer_engine.pytorch.jit": jit_fusions.patch,
+                                             nvinspect.MODULE: nvinspect.patch})
+    if nvinspect.MODULE in sys.modules:
+        nvinspect.patch(sys.modules[nvinspect.MODULE])
     try:
         with _env("NVTE_PROJECT_BUILDING", "1"), _env(*JIT_FUSIONS):
             te = importlib.import_module("transformer_engine.pytorch")
