@@ -15,6 +15,7 @@ import torch
 
 from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
                                 moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
+from te_verify.te.tecpu import thd_context_parallel
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -72,6 +73,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **moe_permute.functions(),
     # multi_tensor_scale[_tensor], _l2norm, _unscale_l2norm, _compute_scale_and_scale_inv, _compute_scale_inv_e8m0.
     **multi_tensor.functions(),
+    # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections, CP reorders.
+    **thd_context_parallel.functions(),
 }
 
 
