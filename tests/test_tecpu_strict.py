@@ -39,23 +39,21 @@ def source_line(te, relative: str, line: int) -> str:
 
 def test_direct_call_of_unemulated_tex_function_names_it(te) -> None:
     with pytest.raises(tecpu.Unemulated,
-                       match=r"transformer_engine_torch\.fused_topk_with_score_function_fwd is not emulated"):
-        te.tex.fused_topk_with_score_function_fwd(torch.zeros(4, 8), 2, False, None, None, None, "softmax", None, 0,
-                                                  None)
+                       match=r"transformer_engine_torch\.device_supports_multicast is not emulated"):
+        te.tex.device_supports_multicast()
 
 
-def test_te_fused_router_names_function_and_te_call_site(te) -> None:
-    """TE's fused MoE router reaches tex.fused_topk_with_score_function_fwd, which the emulation lacks (gelu,
-    layernorm_fwd, situglu, scaled_srelu, scaled_softmax_forward and fused_rope_forward, the examples before, are
-    emulated: te/tecpu/activation.py, norm.py, scaled_activation.py, attention.py, rope.py)."""
-    from transformer_engine.pytorch import router
-
+def test_te_userbuffers_names_function_and_te_call_site(te) -> None:
+    """TE's comm+GEMM overlap (te.initialize_ub, Userbuffers) reaches tex.device_supports_multicast, which the
+    emulation lacks (gelu, layernorm_fwd, situglu, scaled_srelu, scaled_softmax_forward, fused_rope_forward and
+    fused_topk_with_score_function_fwd, the examples before, are emulated: te/tecpu/activation.py, norm.py,
+    scaled_activation.py, attention.py, rope.py, fused_router.py)."""
     with pytest.raises(tecpu.Unemulated) as info:
-        router.fused_topk_with_score_function(torch.randn(4, 8), 2, False, None, None, None, "softmax", None)
-    assert "transformer_engine_torch.fused_topk_with_score_function_fwd" in str(info.value), f"message: {info.value}"
+        te.te.initialize_ub([64, 128], 1)
+    assert "transformer_engine_torch.device_supports_multicast" in str(info.value), f"message: {info.value}"
     path, line = te_call_site(info.value)
-    assert "tex.fused_topk_with_score_function_fwd" in source_line(te, path, line), \
-        f"{path}:{line} is not where TE calls tex.fused_topk_with_score_function_fwd"
+    assert "tex.device_supports_multicast" in source_line(te, path, line), \
+        f"{path}:{line} is not where TE calls tex.device_supports_multicast"
 
 
 def test_name_outside_the_surface_is_attribute_error(te) -> None:

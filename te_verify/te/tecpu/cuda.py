@@ -23,7 +23,7 @@ class DeviceProperties:
     major: int
     minor: int
     name: str
-    multi_processor_count: int = 132
+    multi_processor_count: int = device.SM_COUNT
     total_memory: int = 80 << 30
 
 
@@ -68,6 +68,28 @@ class Event:
         return True
 
 
+class DeviceContext:
+    """torch.cuda.device(d): makes d the current device for a block. The emulated device is the only one (index 0):
+    named as TE's tensors name it (their device, the CPU), as "cuda" / "cuda:0" or 0, it selects what is already
+    current; None selects nothing, as in torch (index -1). Any other device is refused."""
+
+    EMULATED = (torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 0))
+
+    def __init__(self, device: Any) -> None:
+        if device is None or (isinstance(device, int) and device == -1):
+            self.idx = -1
+        elif device == 0 if isinstance(device, int) else torch.device(device) in self.EMULATED:
+            self.idx = 0
+        else:
+            refuse(f"torch.cuda.device({device!r}) (one emulated device, index 0)")
+
+    def __enter__(self) -> "DeviceContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
 class FakeCuda(types.SimpleNamespace):
     """The namespace; unknown attributes raise (strict)."""
 
@@ -100,6 +122,7 @@ def make_cuda() -> FakeCuda:
         current_stream=lambda device=None: stream,
         default_stream=lambda device=None: stream,
         stream=lambda s=None: contextlib.nullcontext(),
+        device=DeviceContext,
         Stream=Stream,
         Event=Event,
         is_current_stream_capturing=lambda: False,

@@ -21,6 +21,9 @@ EMULATED = torch.device("cpu")
 # The CUDA version TE's code reads as torch.version.cuda (rewrite rule R9): the toolkit of the cuBLASLt 13.0 that
 # tex.get_cublasLt_version reports (TE's FP8 block scaling asks for >= 12.9; CPU torch has None).
 CUDA_VERSION = "13.0"
+# The emulated device's SM count (an H100's 132), as torch.cuda.get_device_properties reports it and as kernels that
+# size their grid by it (the fused MoE aux loss: 2 blocks per SM) read it.
+SM_COUNT = 132
 
 _CAPABILITY: list[str] = [DEFAULT_CAPABILITY]
 

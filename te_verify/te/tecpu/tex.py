@@ -16,6 +16,7 @@ import torch
 from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
                                 moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu import thd_context_parallel
+from te_verify.te.tecpu import fused_router, router_aux_loss
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -73,6 +74,10 @@ EMULATED_SINCE: dict[str, Callable] = {
     **moe_permute.functions(),
     # multi_tensor_scale[_tensor], _l2norm, _unscale_l2norm, _compute_scale_and_scale_inv, _compute_scale_inv_e8m0.
     **multi_tensor.functions(),
+    # The fused MoE router (te.router; TE >= 2.18): top-k with score function (and its QB form), scores for the aux
+    # loss, the aux loss; forward and backward.
+    **fused_router.functions(),
+    **router_aux_loss.functions(),
     # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections, CP reorders.
     **thd_context_parallel.functions(),
 }
