@@ -17,6 +17,7 @@ from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, 
                                 moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu import thd_context_parallel
 from te_verify.te.tecpu import fused_router, router_aux_loss
+from te_verify.te.tecpu import kv_cache, mxfp8_partial_cast
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -80,6 +81,10 @@ EMULATED_SINCE: dict[str, Callable] = {
     **router_aux_loss.functions(),
     # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections, CP reorders.
     **thd_context_parallel.functions(),
+    # copy_to_kv_cache, convert_thd_to_bshd, convert_bshd_to_thd (InferenceParams' KV cache; attention with THD inputs).
+    **kv_cache.functions(),
+    # mxfp8_scaling_compute_partial_amax / _partial_cast (cast_master_weights_to_fp8 of MXFP8 weights, TE >= 2.14).
+    **mxfp8_partial_cast.functions(),
 }
 
 
