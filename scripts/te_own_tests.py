@@ -29,7 +29,7 @@ INTERRUPT_GRACE_S = 120  # after SIGINT, pytest finishes its report; then the pr
 
 
 def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
-              extra: list[str], nan_uninitialized: bool = False) -> Path:
+              extra: list[str], nan_uninitialized: bool = False, cublaslt: str | None = None) -> Path:
     """TE test files in one nice'd pytest process; returns its JUnit XML path.
 
     At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
@@ -44,6 +44,8 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
     if nan_uninitialized:
         env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
+    if cublaslt:  # the emulated cuBLASLt version, read at boot (te_verify/te/tecpu/device.py CUBLASLT_ENV)
+        env["TE_VERIFY_CUBLASLT"] = cublaslt
     command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
                "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
                "--continue-on-collection-errors",
@@ -136,12 +138,27 @@ def report(name: str, rows: list[tuple[str, str, str]], out: Path, by_cause: boo
             print(f"  {n:5d}  {cause}")
 
 
+def cublaslt_version(text: str) -> str:
+    """--cublaslt's value as given, once the emulation's parser accepts it (argparse reports its one-line error)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from te_verify.te.tecpu.device import CapabilityError, parse_cublaslt
+    try:
+        parse_cublaslt(text)
+    except CapabilityError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="test files relative to --tests")
     parser.add_argument("--tests", type=Path, required=True, help="TE's tests/pytorch directory")
     parser.add_argument("--out", type=Path, required=True, help="where the XML, logs and summary go")
     parser.add_argument("--capability", default="sm100", choices=("sm89", "sm90", "sm100"))
+    parser.add_argument("--cublaslt", type=cublaslt_version, default=None,
+                        help="the emulated cuBLASLt version tex.get_cublasLt_version reports, e.g. 13.3 (default 13.0; "
+                             ">= 13.3, on sm90 >= 13.4, opens GroupedLinear's grouped-tensor GEMM path)")
     parser.add_argument("--limit-s", type=int, default=1800, help="time limit per pytest process")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the test processes (a shared machine)")
     parser.add_argument("--one-process", action="store_true",
@@ -160,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [args.files] if args.one_process else [[name] for name in args.files]
     for batch in batches:
         rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s,
-                                  args.nice, pytest_args, args.nan_uninitialized))
+                                  args.nice, pytest_args, args.nan_uninitialized, args.cublaslt))
         for name in batch:
             report(name, [row for row in rows if in_file(row[0], name)], args.out, args.by_cause)
     return 0

@@ -4,7 +4,8 @@ TE's test files are TE's code too: they touch CUDA as TE's modules do (`device="
 `x.cuda()`), so the shim compiles every module under the tests directory (test files, utils.py, references/) with
 the emulation's own CUDA rewrite (te_verify/te/tecpu/rewrite.py), after one rule of its own: every "cuda" string
 constant (tests also assign it, `device = "cuda"`) is "cpu", the emulated device. The emulated capability comes from
-TE_OWN_TESTS_CAPABILITY (default sm100: MXFP8 and NVFP4 run). TE's checkpoints (LayerNormMLP(checkpoint=True),
+TE_OWN_TESTS_CAPABILITY (default sm100: MXFP8 and NVFP4 run), the emulated cuBLASLt version from TE_VERIFY_CUBLASLT
+(read by tecpu.boot; te_own_tests.py --cublaslt sets it; 13.0 unset). TE's checkpoints (LayerNormMLP(checkpoint=True),
 distributed.checkpoint) get the te_eager lane's CPU RNG step (compat.te_checkpoint_cpu). Assertion rewriting is off
 (`--assert=plain`): the rewriting finder serves those modules instead of pytest's.
 """

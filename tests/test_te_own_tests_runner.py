@@ -83,3 +83,34 @@ def test_the_xml_wins_over_the_progress_file(tmp_path: Path) -> None:
     xml.with_suffix(".progress.jsonl").write_text('{"nodeid": "x.py::t", "when": "call", "outcome": "failed", '
                                                   '"message": "stale"}\n')
     assert len(runner.outcomes(xml)) == 5
+
+
+def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -> None:
+    """--cublaslt 13.3 sets the emulation's TE_VERIFY_CUBLASLT in the pytest process's environment."""
+    (tmp_path / "utils.py").write_text("")
+    seen = []
+
+    class Process:
+        def __init__(self, command, cwd, env, stdout, stderr) -> None:
+            seen.append(env)
+
+        def wait(self, timeout=None) -> int:
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Process)
+    monkeypatch.delenv("TE_VERIFY_CUBLASLT", raising=False)
+    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--cublaslt", "13.3"])
+    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert seen[0]["TE_VERIFY_CUBLASLT"] == "13.3" and "TE_VERIFY_CUBLASLT" not in seen[1]
+
+
+def test_malformed_cublaslt_option_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "utils.py").write_text("")
+    try:
+        runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--cublaslt", "13.x"])
+    except SystemExit as exit:
+        assert exit.code == 2
+    else:
+        raise AssertionError("--cublaslt 13.x was accepted")
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--cublaslt" in error and "'13.x'" in error

@@ -27,6 +27,13 @@ SM_COUNT = 132
 
 _CAPABILITY: list[str] = [DEFAULT_CAPABILITY]
 
+# The cuBLASLt version tex.get_cublasLt_version reports (13.0 by default: TE's GroupedLinear then keeps its split-
+# quantize path; >= 13.3 opens its grouped-tensor GEMM path, grouped_tensor_gemm.py). Chosen at boot from CUBLASLT_ENV
+# ("13.3" or cuBLAS's integer 130300).
+DEFAULT_CUBLASLT_VERSION = 130000
+CUBLASLT_ENV = "TE_VERIFY_CUBLASLT"
+_CUBLASLT: list[int] = [DEFAULT_CUBLASLT_VERSION]
+
 
 class CapabilityError(ValueError):
     """An emulated capability the suite does not know; the message names the choices."""
@@ -36,6 +43,29 @@ def configure(name: str) -> None:
     if name not in CAPABILITIES:
         raise CapabilityError(f"emulated capability {name!r}: expected one of {', '.join(CAPABILITIES)}")
     _CAPABILITY[0] = name
+
+
+def parse_cublaslt(text: str) -> int:
+    """"13.3" (major.minor[.patch]) or cuBLAS's integer 130300 as that integer; anything else raises naming it."""
+    parts = text.strip().split(".")
+    if all(p.isdigit() for p in parts) and (len(parts) == 1 and len(parts[0]) >= 5 or 2 <= len(parts) <= 3):
+        if len(parts) == 1:
+            return int(parts[0])
+        major, minor, patch = (int(p) for p in (parts + ["0"])[:3])
+        if minor < 100 and patch < 100:
+            return major * 10000 + minor * 100 + patch
+    raise CapabilityError(f"emulated cuBLASLt version {text!r} ({CUBLASLT_ENV}): expected major.minor like 13.3, "
+                          f"or cuBLAS's integer like 130300")
+
+
+def configure_cublaslt(text: str | None) -> None:
+    """The cuBLASLt version from its environment value (None or empty: the default, 13.0)."""
+    _CUBLASLT[0] = parse_cublaslt(text) if text else DEFAULT_CUBLASLT_VERSION
+
+
+def cublaslt_version() -> int:
+    """tex.get_cublasLt_version(): cuBLAS's integer (130000 for 13.0)."""
+    return _CUBLASLT[0]
 
 
 def capability_name() -> str:

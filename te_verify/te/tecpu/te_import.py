@@ -129,6 +129,7 @@ def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
     te_version = installed_te_version()
     tex_surface = check_version(te_version)
     device.configure(capability)
+    device.configure_cublaslt(os.environ.get(device.CUBLASLT_ENV))
     sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
     rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common,
                                              "transformer_engine.pytorch.jit": jit_fusions.patch,

@@ -16,6 +16,7 @@ import torch
 from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
                                 moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
 from te_verify.te.tecpu import thd_context_parallel
+from te_verify.te.tecpu import device, grouped_tensor_gemm
 from te_verify.te.tecpu import fused_router, router_aux_loss
 from te_verify.te.tecpu import kv_cache, mxfp8_partial_cast
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
@@ -51,7 +52,7 @@ EMULATED: dict[str, Callable] = {
     "nvfp4_2d_scale_transpose": block_quantize.nvfp4_2d_scale_transpose,
     # Library queries: fixed answers for a recent CUDA stack (TE checks minimum versions with them).
     "get_num_cublas_streams": lambda: 4,
-    "get_cublasLt_version": lambda: 130000,
+    "get_cublasLt_version": device.cublaslt_version,  # 13.0 unless chosen at boot (device.CUBLASLT_ENV)
     "get_cudnn_version": lambda: 91400,
 }
 # Emulated where the version's tex has them (TE >= 2.16: QuantizedTensor.make_empty allocates through tex).
@@ -81,6 +82,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **router_aux_loss.functions(),
     # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections, CP reorders.
     **thd_context_parallel.functions(),
+    # GroupedLinear's grouped-tensor GEMMs (TE >= 2.20, taken when get_cublasLt_version() >= 13.3: device.CUBLASLT_ENV).
+    **grouped_tensor_gemm.functions(),
     # copy_to_kv_cache, convert_thd_to_bshd, convert_bshd_to_thd (InferenceParams' KV cache; attention with THD inputs).
     **kv_cache.functions(),
     # mxfp8_scaling_compute_partial_amax / _partial_cast (cast_master_weights_to_fp8 of MXFP8 weights, TE >= 2.14).
