@@ -151,6 +151,8 @@ def test_checks(tex) -> None:
         tex.mxfp8_scaling_compute_partial_amax(x, padded(64, 4, torch.float32), amax_col, 32, 64, 0)
     with pytest.raises(RuntimeError, match="Wrong dtype of amax_colwise"):
         tex.mxfp8_scaling_compute_partial_amax(x, amax_row, amax_col.half(), 32, 64, 0)
+    with pytest.raises(tecpu.Unemulated, match="empty grid"):
+        tex.mxfp8_scaling_compute_partial_amax(torch.zeros(0), amax_row, amax_col, 0, 64, 0)
     with pytest.raises(RuntimeError, match="input must be contiguous"):
         tex.mxfp8_scaling_compute_partial_amax(torch.zeros(128)[::2], amax_row, amax_col, 32, 64, 0)
     out = torch.empty(64, dtype=torch.uint8)

@@ -42,15 +42,18 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _check_shard(input: torch.Tensor, rows: int, cols: int, start_offset: int, what: str) -> None:
-    if start_offset < 0:
-        raise TypeError(f"{what}(): incompatible function arguments (start_offset {start_offset} is not a size_t)")
+    if start_offset < 0 or not all(-2**31 <= n <= INT_MAX for n in (rows, cols)):  # pybind's size_t and int
+        raise TypeError(f"{what}(): incompatible function arguments (rows {rows}, cols {cols}, start_offset "
+                        f"{start_offset})")
     _check(rows % 32 == 0, "rows must be divisible by 32")
     _check(cols % 32 == 0, "cols must be divisible by 32")
     _check(input.dim() == 1, "input must be a 1D tensor")
+    if rows < 0 or cols < 0:  # the C++ converts them to size_t in its checks
+        refuse(f"tex.{what} with rows {rows}, cols {cols}")
     _check(start_offset + input.shape[0] <= rows * cols, "Invalid start_offset")
-    if rows < 1 or cols < 1:
+    if rows == 0 or cols == 0:
         refuse(f"tex.{what} with rows {rows}, cols {cols} (an empty grid)")
-    if rows * cols + TILE_COLS > INT_MAX:
+    if rows * cols > INT_MAX:
         refuse(f"tex.{what} over a {rows} x {cols} weight (the kernel's int element index overflows)")
 
 
