@@ -47,7 +47,7 @@ class CudaStrings(ast.NodeTransformer):
 class TestsLoader(importlib.machinery.SourceFileLoader):
     """A TE test module's source with the CUDA touch points rewritten."""
 
-    shim = cuda.make_shim()
+    shim = None  # made at configure, after the boot: a shim made at import would carry the default capability
     log = rewrite.RewriteLog()
 
     def get_code(self, fullname: str) -> types.CodeType:
@@ -79,6 +79,7 @@ def pytest_configure(config) -> None:
     if not root:
         raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
     tecpu.boot(os.environ.get(CAPABILITY_ENV, "sm100"))
+    TestsLoader.shim = cuda.make_shim()  # the test modules' torch.cuda answers the booted capability, as TE's does
     if os.environ.get(NAN_UNINITIALIZED_ENV):
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True

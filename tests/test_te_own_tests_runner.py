@@ -114,3 +114,25 @@ def test_malformed_cublaslt_option_is_a_one_line_error(tmp_path: Path, capsys) -
         raise AssertionError("--cublaslt 13.x was accepted")
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--cublaslt" in error and "'13.x'" in error
+
+
+def test_test_modules_see_the_booted_capability(tmp_path: Path, monkeypatch) -> None:
+    """The rewritten test modules' torch.cuda is made after the boot: at sm100 they read (10, 0), as TE's code does
+    (a shim made at import answered the default sm90)."""
+    import sys
+    import types
+
+    from te_verify.te.tecpu import device
+
+    shim = load_file(SHIM, "te_own_tests_shim_capability")
+    saved = device.capability_name()
+    monkeypatch.setenv(shim.TESTS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(shim.CAPABILITY_ENV, "sm100")
+    monkeypatch.setattr(shim, "tecpu", types.SimpleNamespace(boot=device.configure))
+    monkeypatch.setattr(shim.te_checkpoint_cpu, "apply", lambda: None)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    try:
+        shim.pytest_configure(None)
+        assert shim.TestsLoader.shim.cuda.get_device_capability() == (10, 0)
+    finally:
+        device.configure(saved)
