@@ -13,12 +13,10 @@ from typing import Callable
 
 import torch
 
-from te_verify.te.tecpu import (activation, attention, block_quantize, dropout, gemm, group_quantize, grouped_offsets,
-                                moe_permute, multi_tensor, norm, optimizers, padding, quantize, rope, scaled_activation)
-from te_verify.te.tecpu import thd_context_parallel
-from te_verify.te.tecpu import device, grouped_tensor_gemm
-from te_verify.te.tecpu import fused_router, router_aux_loss
-from te_verify.te.tecpu import kv_cache, mxfp8_partial_cast
+from te_verify.te.tecpu import (activation, attention, block_quantize, device, dropout, fused_router, gemm,
+                                group_quantize, grouped_offsets, grouped_tensor_gemm, kv_cache, moe_permute,
+                                multi_tensor, mxfp8_partial_cast, norm, optimizers, padding, quantize, rope,
+                                router_aux_loss, scaled_activation, thd_context_parallel)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
