@@ -217,7 +217,8 @@ def test_fp8_scaling_observer_skips_block_quantizers(te) -> None:
 
 def test_report_header_names_the_emulated_recipes_and_cuda(te) -> None:
     for line in (tecpu.booted().header, te_api.resolve(te_api.CPU_CHOICE).describe):
-        assert "emulated sm90, CUDA 13.0 as TE's code reads torch.version.cuda" in line, line
+        assert ("emulated sm90, CUDA 13.0 as TE's code reads torch.version.cuda, cuBLASLt 13.0 as "
+                "tex.get_cublasLt_version answers") in line, line
         assert all(r in line for r in ("MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling")), line
 
 

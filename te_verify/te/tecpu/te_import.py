@@ -43,7 +43,13 @@ QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8
 def describe(te_version: str, capability: str) -> str:
     """The report header's line for TE's Python over the emulation."""
     return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
-            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda; {QUANTIZERS}; {JIT_NOTE}")
+            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda, cuBLASLt {_dotted(device.cublaslt_version())} "
+            f"as tex.get_cublasLt_version answers; {QUANTIZERS}; {JIT_NOTE}")
+
+
+def _dotted(version: int) -> str:
+    """cuBLAS's integer (130300) as major.minor (13.3)."""
+    return f"{version // 10000}.{version // 100 % 100}"
 
 
 class BootError(RuntimeError):
