@@ -204,6 +204,19 @@ def test_grouped_gemm_matches_per_group_matmuls(te, single_output: bool) -> None
         assert_equal(o, w, f"grouped GEMM group {i} (m={m_splits[i]}, single_output={single_output})")
 
 
+def test_grouped_gemm_writes_into_the_outputs_a_tuple_holds(te) -> None:
+    """The C++ takes D as a vector of tensors and writes into them: a tuple (as TE's test_fp8_grouped_gemm passes,
+    `torch.split`'s result) works as a list does, and the tensors it holds are the results."""
+    g = torch.Generator().manual_seed(6)
+    m_splits, n, k = [8, 16], 32, 16
+    weights = [torch.randn(n, k, generator=g) for _ in m_splits]
+    inputs = list(torch.randn(sum(m_splits), k, generator=g).split(m_splits))
+    out = tuple(torch.zeros(m, n) for m in m_splits)
+    te.grouped(weights, inputs, out, [None] * len(m_splits), torch.float32, layout="TN", m_splits=m_splits)
+    for i, (o, x, w) in enumerate(zip(out, inputs, weights)):
+        assert_equal(o, x @ w.t(), f"grouped GEMM group {i} written into the tuple's tensor")
+
+
 @pytest.mark.parametrize("a_dim, b_dim, fails", [(None, 1, True), (1, None, True), (2, 1, False)])
 def test_operands_of_incompatible_scaling_modes_raise_tes_error(te, a_dim, b_dim, fails) -> None:
     """cuBLAS takes one scaling mode, or FP8 block scaling's 1D with 2D (cublaslt_gemm.cu CanonicalizeGemmInput);

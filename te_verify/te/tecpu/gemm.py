@@ -289,7 +289,5 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             write(bias[i], operand_values(b_op).sum(0))
         elif bias[i].numel():
             result = result + bias[i].float()
-        written = _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)
-        if D is not None and not single_output:
-            D[i] = written
+        _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)  # into D's tensors, never D itself
     return bias
