@@ -217,18 +217,28 @@ def _epilogue(D: Any, bias: Any, bias_scale: torch.Tensor | None) -> None:
         _bias_add(D, bias, bias_scale)
 
 
+SAME_AB = "Grouped GEMM requires A and B to have the same num_tensors."
+SAME_D = "Grouped GEMM requires D to have the same num_tensors as inputs."
+
+
+def _check_counts(num: int, counts: list[tuple[int, str]], discrete: str | None = None) -> None:
+    """The bindings' group-count checks, with their messages: num > 0, each other count equal to it, and at most
+    MAX_GROUPS in a discrete list (`discrete` names it)."""
+    if num <= 0:
+        raise RuntimeError("Grouped GEMM requires non-empty inputs.")
+    for count, message in counts:
+        if count != num:
+            raise RuntimeError(message)
+    if discrete is not None and num > MAX_GROUPS:
+        raise RuntimeError(f"Grouped GEMM: {discrete} size ({num}) exceeds the maximum of {MAX_GROUPS} groups")
+
+
 def te_general_grouped_gemm_for_grouped_tensor(A: Any, transa: bool, B: Any, transb: bool, D: Any, bias: Any,
                                                bias_scale: torch.Tensor | None, alpha: torch.Tensor,
                                                beta: torch.Tensor, workspace_setup: torch.Tensor,
                                                workspace_cublas: torch.Tensor, use_split_accumulator: bool,
                                                math_sm_count: int) -> Any:
-    num = A.num_tensors
-    if num <= 0:
-        raise RuntimeError("Grouped GEMM requires non-empty inputs.")
-    if B.num_tensors != num:
-        raise RuntimeError("Grouped GEMM requires A and B to have the same num_tensors.")
-    if D.num_tensors != num:
-        raise RuntimeError("Grouped GEMM requires D to have the same num_tensors as inputs.")
+    _check_counts(A.num_tensors, [(B.num_tensors, SAME_AB), (D.num_tensors, SAME_D)])
     _run("nvte_grouped_gemm", A, _groups(A), transa, B, transb, _groups(D), alpha, beta, workspace_setup,
          workspace_cublas)
     _epilogue(D, bias, bias_scale)
@@ -240,15 +250,8 @@ def te_general_grouped_gemm_for_discrete_in(A: list, transa: bool, B: Any, trans
                                             beta: torch.Tensor, workspace_setup: torch.Tensor,
                                             workspace_cublas: torch.Tensor, use_split_accumulator: bool,
                                             math_sm_count: int) -> Any:
-    num = B.num_tensors
-    if num <= 0:
-        raise RuntimeError("Grouped GEMM requires non-empty inputs.")
-    if len(A) != num:
-        raise RuntimeError("Grouped GEMM requires A_list to have num_tensors elements.")
-    if D.num_tensors != num:
-        raise RuntimeError("Grouped GEMM requires D to have the same num_tensors as inputs.")
-    if num > MAX_GROUPS:
-        raise RuntimeError(f"Grouped GEMM: A_list size ({num}) exceeds the maximum of {MAX_GROUPS} groups")
+    _check_counts(B.num_tensors, [(len(A), "Grouped GEMM requires A_list to have num_tensors elements."),
+                                  (D.num_tensors, SAME_D)], discrete="A_list")
     _run("nvte_grouped_gemm_with_discrete_inputA", None, list(A), transa, B, transb, _groups(D), alpha, beta,
          workspace_setup, workspace_cublas)
     _epilogue(D, bias, bias_scale)
@@ -262,15 +265,9 @@ def te_general_grouped_gemm_for_discrete_out(A: Any, transa: bool, B: Any, trans
                                              math_sm_count: int) -> Any:
     if bias is not None:
         raise RuntimeError("Bias is not supported for discrete output grouped GEMM.")
-    num = A.num_tensors
-    if num <= 0:
-        raise RuntimeError("Grouped GEMM requires non-empty inputs.")
-    if B.num_tensors != num:
-        raise RuntimeError("Grouped GEMM requires A and B to have the same num_tensors.")
-    if len(D) != num:
-        raise RuntimeError("Grouped GEMM requires D_list to have num_tensors elements.")
-    if num > MAX_GROUPS:
-        raise RuntimeError(f"Grouped GEMM: D_list size ({num}) exceeds the maximum of {MAX_GROUPS} groups")
+    _check_counts(A.num_tensors, [(B.num_tensors, SAME_AB),
+                                  (len(D), "Grouped GEMM requires D_list to have num_tensors elements.")],
+                  discrete="D_list")
     _run("nvte_grouped_gemm_with_discrete_out", A, _groups(A), transa, B, transb, list(D), alpha, beta,
          workspace_setup, workspace_cublas)
     return D
