@@ -6,6 +6,7 @@ the plugin restores what a test's body left outside the runner and fails it, bes
 """
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -97,7 +98,7 @@ def test_each_setting_is_named_and_put_back(setting):
     with process_state.kept() as found:
         kept_alive = change()  # noqa: F841
     assert found.messages == expected
-    assert found.compared == sum(s.judged for s in process_state.SETTINGS) == 14
+    assert found.compared == sum(s.judged for s in process_state.SETTINGS) == 15
     assert process_state.restore(before).messages == [], "restored"
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     assert torch.get_float32_matmul_precision() == "highest"  # readable again: no mix of legacy and per-backend left
@@ -207,7 +208,19 @@ class ChangesSettingsInside:
 def test_settings_changed_and_put_back_inside_the_forward_pass():
     backend = ChangesSettingsInside()
     verdicts = CaseRun(SPEC, backend.name, backend).verify()
-    assert next(v for v in verdicts if v.check == "process_state").figures == {"process_settings_compared": 14}
+    assert next(v for v in verdicts if v.check == "process_state").figures == {"process_settings_compared": 15}
+
+
+@pytest.mark.skipif(not te_api.te_installed(), reason="transformer_engine is not installed")
+def test_te_graph_capture_left_started_is_named_and_put_back(te_python):
+    """What a TE capture that raised leaves (make_graphed_callables over the emulation meets the refused
+    torch.cuda.CUDAGraph after graph.set_capture_start): named, and cleared for the next case."""
+    te_python.api  # noqa: B018 (TE's Python loaded)
+    graph = importlib.import_module(process_state.TE_GRAPH_MODULE)
+    with process_state.kept() as found:
+        graph.set_capture_start()
+    assert found.messages == ["left TE's graph capture enabled"]
+    assert not graph.is_graph_capturing(), "the flag was not cleared"
 
 
 @pytest.mark.skipif(not te_api.te_installed(), reason="transformer_engine is not installed")

@@ -11,12 +11,13 @@ matmul precision and the per-backend fp32_precision table); autocast (nesting, C
 cast cache); cuDNN/mkldnn/cuBLAS flags; the torch-function and dispatch mode stacks and torch's callables (the
 `torch` namespace, torch.nn.functional, the methods of torch.Tensor and of torch.nn's module classes:
 te_verify.run.torch_routing); TE's FP8 autocast state (TE's FP8GlobalStateManager and te_verify.te.reference's, not
-the amax/scale buffers fresh_case resets). Restored but not judged: the global RNG (CPU, and CUDA once
-initialised), which every run may draw from.
+the amax/scale buffers fresh_case resets); TE's graph-capture flag (make_graphed_callables'). Restored but not judged:
+the global RNG (CPU, and CUDA once initialised), which every run may draw from.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -169,6 +170,22 @@ def _set_rng(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+TE_GRAPH_MODULE = "transformer_engine.pytorch.graph"
+
+
+def _te_graph_capturing() -> bool:
+    """TE's make_graphed_callables flag (graph.py `_IS_GRAPH_CAPTURING`): set at its capture's start and cleared only
+    after the capture succeeds, so a capture that raises (over the emulation: torch.cuda.CUDAGraph is refused) leaves
+    it set for every later case. False while TE's graph module is not loaded (its value on import)."""
+    return bool(getattr(sys.modules.get(TE_GRAPH_MODULE), "_IS_GRAPH_CAPTURING", False))
+
+
+def _set_te_graph_capturing(capturing: bool) -> None:
+    graph = sys.modules.get(TE_GRAPH_MODULE)
+    if graph is not None and hasattr(graph, "_IS_GRAPH_CAPTURING"):
+        graph._IS_GRAPH_CAPTURING = capturing
+
+
 # Restored in this order: inference mode before grad mode (leaving inference mode also switches grad mode back); the
 # default device before the mode stacks (torch.set_default_device keeps its device on the torch-function stack).
 SETTINGS = (
@@ -191,6 +208,7 @@ SETTINGS = (
     Setting("dispatch modes", routing.dispatch_modes, routing.set_dispatch_modes, routing.stack_left("dispatch")),
     Setting("torch's callables", routing.callables, routing.set_callables, routing.callables_left),
     Setting("FP8 autocast state", fp8_autocast_state, set_fp8_autocast_state, _parts("FP8 autocast state", fp8_unset)),
+    Setting("TE graph capture", _te_graph_capturing, _set_te_graph_capturing, _switch("TE's graph capture")),
     Setting("global RNG", _rng, _set_rng, lambda before, now: None, judged=False),
 )
 
