@@ -13,6 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 
 from te_verify.te import tecpu
 from te_verify.te.tecpu import fused_router, reduction_order, router_aux_loss, router_scores
@@ -391,7 +392,7 @@ def test_refusals(monkeypatch):
     with pytest.raises(Unemulated, match="reaches -inf"):
         fused_router.fused_topk_with_score_function_fwd(torch.full((2, 8), float("-inf")), 2, False, None, None,
                                                         None, "softmax", None)
-    monkeypatch.setattr(router_scores, "_te_version", lambda: "2.17.1")
+    monkeypatch.setattr(router_scores, "installed_te_version", lambda: Version("2.17.1"))
     with pytest.raises(Unemulated, match=r"fused_score_for_moe_aux_loss_bwd under TE 2\.17\.1"):
         router_aux_loss.functions()["fused_score_for_moe_aux_loss_bwd"](1, 2, 3, 4, 5, 6, 7)  # 2.14's arguments
     with pytest.raises(RuntimeError, match="topk must be in"):

@@ -222,7 +222,7 @@ CORRECTIONS = [(dtype, second, packed) for dtype in (torch.float32, torch.bfloat
 
 
 def check_out_correction(tex, monkeypatch) -> None:
-    monkeypatch.setattr(thd, "_te_version", lambda: Version("2.19.0"))  # the form without old_lse
+    monkeypatch.setattr(thd, "installed_te_version", lambda: Version("2.19.0"))  # the form without old_lse
     for dtype, second, packed in CORRECTIONS:
         cu, out, step, lse, lse_step = out_case(dtype, second, packed, 10, specials=True)
         got = out.clone()
@@ -236,7 +236,7 @@ def check_out_correction(tex, monkeypatch) -> None:
 def check_out_correction_fp64(tex, monkeypatch) -> None:
     """|emulated - (o + p e^(l - L))| <= |p E| ((2 |d| + 2) 2^-24 + u) + u |R| (u: the dtype's unit roundoff; the
     product and the sum rounded to it, E's relative error from d, t and 2^t's fp32 roundings as for the LSE)."""
-    monkeypatch.setattr(thd, "_te_version", lambda: Version("2.19.0"))
+    monkeypatch.setattr(thd, "installed_te_version", lambda: Version("2.19.0"))
     for dtype, second, packed in CORRECTIONS:
         cu, out, step, lse, lse_step = out_case(dtype, second, packed, 20, specials=False)
         got = out.clone()
@@ -372,7 +372,7 @@ def test_te_2_20s_incremental_forms_are_refused_and_older_modes_raise(tex, monke
     grad, half = torch.zeros(CU[-1], 2, 4), torch.ones(CU[-1] // 2, 2, 4)
     with pytest.raises(tecpu.Unemulated, match="'zero' mode"):
         tex.thd_grad_correction(grad, half, cu32(CU), "zero", "copy")
-    monkeypatch.setattr(thd, "_te_version", lambda: Version("2.19.0"))
+    monkeypatch.setattr(thd, "installed_te_version", lambda: Version("2.19.0"))
     with pytest.raises(RuntimeError, match="Unsupported Functor of first half and second_half"):
         tex.thd_grad_correction(grad, half, cu32(CU), "zero", "copy")
 

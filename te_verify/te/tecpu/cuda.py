@@ -76,12 +76,16 @@ class DeviceContext:
     EMULATED = (torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 0))
 
     def __init__(self, device: Any) -> None:
-        if device is None or (isinstance(device, int) and device == -1):
+        if device is None or device == -1:
             self.idx = -1
-        elif device == 0 if isinstance(device, int) else torch.device(device) in self.EMULATED:
+        elif self._is_emulated(device):
             self.idx = 0
         else:
             refuse(f"torch.cuda.device({device!r}) (one emulated device, index 0)")
+
+    @classmethod
+    def _is_emulated(cls, device: Any) -> bool:
+        return device == 0 if isinstance(device, int) else torch.device(device) in cls.EMULATED
 
     def __enter__(self) -> "DeviceContext":
         return self

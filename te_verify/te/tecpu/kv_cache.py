@@ -32,7 +32,7 @@ import torch
 
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
-from te_verify.te.tecpu.writes import write
+from te_verify.te.tecpu.writes import memory, write
 
 DATA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 FORMATS = {"NVTE_BSHD": "bshd", "NVTE_SBHD": "sbhd", "NVTE_THD": "thd"}
@@ -44,15 +44,6 @@ def _dtype_switch(dtype: torch.dtype) -> None:
     if dtype not in DATA_DTYPES:
         raise RuntimeError(f"Unsupported dtype {dtype}. Expected one of: Float32, Float16, BFloat16, Float8E4M3, "
                            f"Float8E5M2.")
-
-
-def memory(x: torch.Tensor) -> torch.Tensor:
-    """The numel elements from x's data pointer, as a kernel given x's shape reads them (strides ignored)."""
-    if x.is_contiguous():
-        return x.reshape(-1)
-    if x.storage_offset() + x.numel() > x.untyped_storage().nbytes() // x.element_size():
-        refuse(f"a kernel reading a non-contiguous {tuple(x.shape)} tensor past its storage")
-    return x.as_strided((x.numel(),), (1,), x.storage_offset())
 
 
 def int32_words(x: torch.Tensor, count: int, what: str) -> list[int]:

@@ -16,7 +16,6 @@ whose sort read the keys as int32 (negative ids first; TransformerEngine#2907 ma
 """
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 import torch
@@ -26,10 +25,11 @@ from packaging.version import Version
 from te_verify.te.tecpu import reduction_order
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.surface import installed_te_version
 from te_verify.te.tecpu.writes import write
 
 COMPUTED = (torch.float32, torch.float16, torch.bfloat16)
-LANES = 32  # the backward kernel's threads per token
+LANES = reduction_order.LANES  # the backward kernel's threads per token: a warp
 UINT32_KEYS_SINCE = Version("2.16")
 
 
@@ -64,9 +64,8 @@ def moe_permute_fwd(input: torch.Tensor, dtype: Any, indices: torch.Tensor, num_
     workspace = workspace or _workspace(max_expanded_token_num)
     keys = indices.reshape(-1).to(torch.int64)
     if bool((keys < 0).any()):
-        te_version = importlib.metadata.version("transformer_engine")  # booted, so installed
-        if Version(te_version) < UINT32_KEYS_SINCE:
-            refuse(f"tex.moe_permute_fwd with negative expert ids under TE {te_version}")
+        if installed_te_version() < UINT32_KEYS_SINCE:
+            refuse(f"tex.moe_permute_fwd with negative expert ids under TE {installed_te_version()}")
     keys = keys & 0xFFFFFFFF  # the sort reads the int32 keys as uint32
     sorted_keys, sorted_rows = torch.sort(keys, stable=True)
     write(workspace[0][:pairs], sorted_keys.to(torch.int32))

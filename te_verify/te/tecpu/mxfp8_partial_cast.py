@@ -81,7 +81,7 @@ def _chunks(input: torch.Tensor, rows: int, cols: int, start_offset: int):
     if end == start_offset:
         return
     first_row = start_offset // cols // 32 * 32
-    end_row = -(-(-(-end // cols)) // 32) * 32  # the rows touched, rounded out to whole 32-row blocks
+    end_row = -(-end // (cols * 32)) * 32  # the rows touched, rounded out to whole 32-row blocks
     step = max(32, CHUNK_ELEMENTS // cols // 32 * 32)
     for r0 in range(first_row, end_row, step):
         r1 = min(r0 + step, end_row)

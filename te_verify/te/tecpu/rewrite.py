@@ -273,27 +273,27 @@ class TEFinder(importlib.abc.MetaPathFinder):
             return self._observed_spec(fullname, path)
         if any(fullname == p or fullname.startswith(p + ".") for p in STUB_PACKAGES):
             return importlib.util.spec_from_loader(fullname, StubLoader(self.log), is_package=True)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-            return spec
-        loader = RewritingLoader(fullname, spec.origin, self)
-        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=loader,
-                                                      submodule_search_locations=spec.submodule_search_locations)
+        return _source_spec(fullname, path, lambda origin: RewritingLoader(fullname, origin, self))
 
     def _observed_spec(self, fullname: str, path):
         if fullname not in self.after_exec:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-            return spec
-        loader = ObservedLoader(fullname, spec.origin, self.after_exec[fullname])
-        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=loader,
-                                                      submodule_search_locations=spec.submodule_search_locations)
+        return _source_spec(fullname, path, lambda origin: ObservedLoader(fullname, origin, self.after_exec[fullname]))
 
     def spec_for_file(self, name: str, path: str) -> importlib.machinery.ModuleSpec:
         """A spec loading TE's source file `path` as module `name`, rewritten (a file another library loads by
         path, outside the import system)."""
         return importlib.util.spec_from_file_location(name, path, loader=RewritingLoader(name, path, self))
+
+
+def _source_spec(fullname: str, path, make_loader: Callable[[str], importlib.abc.Loader]):
+    """The path finder's spec for `fullname`, its source file loaded by `make_loader(origin)` instead (anything but
+    a source module, as the path finder found it)."""
+    spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+    if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+        return spec
+    return importlib.util.spec_from_file_location(fullname, spec.origin, loader=make_loader(spec.origin),
+                                                  submodule_search_locations=spec.submodule_search_locations)
 
 
 def _relative(path: str) -> str:
@@ -304,7 +304,7 @@ def _relative(path: str) -> str:
 def install(shim: types.SimpleNamespace, log: RewriteLog,
             after_exec: dict[str, Callable[[types.ModuleType], None]]) -> TEFinder:
     """Put the finder first on sys.meta_path; `after_exec[name](module)` runs once that module executed."""
-    if any(isinstance(finder, TEFinder) for finder in sys.meta_path):
+    if _installed() is not None:
         raise RuntimeError("te_verify.te.tecpu: TE's import hook is already installed in this process")
     finder = TEFinder(shim, log, after_exec)
     sys.meta_path.insert(0, finder)
@@ -313,7 +313,11 @@ def install(shim: types.SimpleNamespace, log: RewriteLog,
 
 def installed_finder() -> TEFinder:
     """The finder install() put on sys.meta_path."""
-    for finder in sys.meta_path:
-        if isinstance(finder, TEFinder):
-            return finder
-    raise RuntimeError("te_verify.te.tecpu: TE's import hook is not installed in this process")
+    finder = _installed()
+    if finder is None:
+        raise RuntimeError("te_verify.te.tecpu: TE's import hook is not installed in this process")
+    return finder
+
+
+def _installed() -> TEFinder | None:
+    return next((finder for finder in sys.meta_path if isinstance(finder, TEFinder)), None)

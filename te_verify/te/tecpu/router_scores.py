@@ -21,7 +21,6 @@ the warp's softmax, top-k selection and routing-map layouts, computed per token 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 from typing import Any, Callable
 
@@ -31,6 +30,7 @@ from packaging.version import Version
 from te_verify.te.tecpu import reduction_order
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.surface import installed_te_version
 
 SIGMOID, SOFTMAX, SQRTSOFTPLUS = 0, 1, 2  # score_function_map in csrc/extensions/router.cpp
 SCORE_FUNCTIONS = {"sigmoid": SIGMOID, "softmax": SOFTMAX, "sqrtsoftplus": SQRTSOFTPLUS}
@@ -51,18 +51,13 @@ def since_verified(*functions: Callable) -> dict[str, Callable]:
     def guarded(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            version = _te_version()
-            if Version(version) < SINCE:
+            version = installed_te_version()
+            if version < SINCE:
                 refuse(f"tex.{fn.__name__} under TE {version} (its binding and kernels before {SINCE} are not the "
                        "ones emulated)")
             return fn(*args, **kwargs)
         return call
     return {fn.__name__: guarded(fn) for fn in functions}
-
-
-@functools.cache
-def _te_version() -> str:
-    return importlib.metadata.version("transformer_engine")  # booted, so installed
 
 
 def check_experts(num_experts: int, num_tokens: int, name: str) -> None:

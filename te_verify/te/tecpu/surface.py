@@ -6,9 +6,13 @@ name the real extension lacks fails as it would on a GPU.
 """
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.version import Version
 
 SURFACES = Path(__file__).parent / "surfaces"
 
@@ -49,3 +53,10 @@ def load(te_version: str) -> Surface:
     data = json.loads(path.read_text())
     return Surface(data["te_version"], data["source"], tuple(data["functions"]), tuple(data["classes"]),
                    {k: tuple(v) for k, v in data["submodules"].items()}, data["enums"])
+
+
+@functools.cache
+def installed_te_version() -> Version:
+    """The installed transformer-engine's version, the one booted (boot refuses without it): what the kernels whose
+    binding or definition changed between releases (moe_permute, the fused router, the THD helpers) read."""
+    return Version(importlib.metadata.version("transformer_engine"))

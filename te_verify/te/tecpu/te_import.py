@@ -42,9 +42,10 @@ QUANTIZERS = ("quantizers emulated: DelayedScaling, Float8CurrentScaling, Float8
 
 def describe(te_version: str, capability: str) -> str:
     """The report header's line for TE's Python over the emulation."""
+    cublaslt = _dotted(device.cublaslt_version())
     return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
-            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda, cuBLASLt {_dotted(device.cublaslt_version())} "
-            f"as tex.get_cublasLt_version answers; {QUANTIZERS}; {JIT_NOTE}")
+            f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda, cuBLASLt {cublaslt} as "
+            f"tex.get_cublasLt_version answers; {QUANTIZERS}; {JIT_NOTE}")
 
 
 def _dotted(version: int) -> str:

@@ -30,8 +30,6 @@ half a token apart); head dims the 16-byte vectors do not tile; dims or dtypes t
 """
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import math
 from typing import Any
 
@@ -40,7 +38,8 @@ from packaging.version import Version
 
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
-from te_verify.te.tecpu.writes import write
+from te_verify.te.tecpu.surface import installed_te_version
+from te_verify.te.tecpu.writes import memory, write
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # TRANSFORMER_ENGINE_TYPE_SWITCH_NON_FP8ONLY
 TE_DTYPES = FLOATS + (torch.uint8, torch.bool, torch.int16, torch.int32, torch.int64, torch.float8_e4m3fn,
@@ -51,11 +50,6 @@ NORMAL = 2.0 ** -126  # the smallest normal fp32: FTZ flushes smaller magnitudes
 INCREMENTAL_SINCE = Version("2.20")  # out_correction takes old_lse; grad_correction has "zero" and FP8 bytes
 GRAD_MODES = {("add", "none"): 0, ("copy", "none"): 0, ("none", "add"): 1, ("none", "copy"): 1,
               ("add", "copy"): 2, ("copy", "add"): 2}  # thd_grad_dispatcher's functor_idx
-
-
-@functools.cache
-def _te_version() -> Version:
-    return Version(importlib.metadata.version("transformer_engine"))  # booted, so installed
 
 
 def _check(ok: bool, expr: str) -> None:
@@ -82,18 +76,9 @@ def _row_bytes(x: torch.Tensor, first: int) -> int:
     return hidden
 
 
-def _memory(x: torch.Tensor, what: str) -> torch.Tensor:
-    """x's numel elements from its data pointer (a view), as the kernels address them."""
-    if x.is_contiguous():
-        return x.view(-1)
-    if x.storage_offset() + x.numel() > x.untyped_storage().nbytes() // x.element_size():
-        refuse(f"{what} reading a non-contiguous {tuple(x.shape)} tensor past its storage")
-    return x.as_strided((x.numel(),), (1,), x.storage_offset())
-
-
 def _words(cu: torch.Tensor, divisor: int, what: str) -> torch.Tensor:
     """The boundaries as the kernels hold them in shared memory: each int32 word divided with C's truncation."""
-    return torch.div(_memory(cu, what).to(torch.int64), divisor, rounding_mode="trunc")
+    return torch.div(memory(cu, what).to(torch.int64), divisor, rounding_mode="trunc")
 
 
 def _search(bounds: torch.Tensor, what: str, tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,7 +163,7 @@ def thd_read_half_tensor(tensor: torch.Tensor, cu_seqlens: torch.Tensor, half_id
     tokens, seq = _search(bounds, what)
     source = tokens + bounds[seq + half_idx]
     _within(what, (tokens, t // 2, "half rows"), (source, t, "rows"), grid=(t // 2, slices))
-    half.view(slices, t // 2, hidden)[:, tokens] = _memory(tensor, what).view(slices, t, hidden)[:, source]
+    half.view(slices, t // 2, hidden)[:, tokens] = memory(tensor, what).view(slices, t, hidden)[:, source]
     return half
 
 
@@ -207,8 +192,8 @@ def thd_second_half_lse_correction(lse: torch.Tensor, lse_per_step: torch.Tensor
     shape, at, at_step = _second_halves(lse, cu_seqlens, lse_packed, lse_per_step.shape[-1], what)
     _check(lse_per_step.shape[:-1] == shape[:-1], "lse_per_step's [b,] h == lse's")
     _within(what, (at_step, lse_per_step.numel(), "lse_per_step entries"), written=at)
-    flat = _memory(lse, what)
-    _scatter(flat, 0, at, _merge(flat[at], _memory(lse_per_step, what)[at_step]))
+    flat = memory(lse, what)
+    _scatter(flat, 0, at, _merge(flat[at], memory(lse_per_step, what)[at_step]))
 
 
 def thd_read_second_half_lse(lse: torch.Tensor, cu_seqlens: torch.Tensor, lse_packed: bool,
@@ -217,14 +202,14 @@ def thd_read_second_half_lse(lse: torch.Tensor, cu_seqlens: torch.Tensor, lse_pa
     shape, at, at_half = _second_halves(lse, cu_seqlens, lse_packed, second_half_lse_seqlen, what)
     half_lse = torch.zeros(shape, dtype=torch.float32, device=EMULATED)
     _within(what, (at_half, half_lse.numel(), "half_lse entries"), written=at_half)
-    half_lse.view(-1)[at_half] = _memory(lse, what)[at]
+    half_lse.view(-1)[at_half] = memory(lse, what)[at]
     return half_lse
 
 
 def thd_out_correction(*args: Any) -> None:
     """TE < 2.20's (out, out_per_step, lse, lse_per_step, cu_seqlens, only_second_half, lse_packed)."""
-    if _te_version() >= INCREMENTAL_SINCE:
-        refuse(f"tex.thd_out_correction of TE {_te_version()} (the incremental correction taking old_lse: its kernel "
+    if installed_te_version() >= INCREMENTAL_SINCE:
+        refuse(f"tex.thd_out_correction of TE {installed_te_version()} (the incremental correction taking old_lse: its kernel "
                "is in none of the sources the emulation is written from)")
     _out_correction(*args)
 
@@ -255,17 +240,17 @@ def _out_correction(out: torch.Tensor, out_per_step: torch.Tensor, lse: torch.Te
     _within(what, (at, lse.numel(), "lse entries"), (at_step, lse_per_step.numel(), "lse_per_step entries"),
             (rows, total, "out rows"), (tokens, total // halves, "out_per_step rows"), written=rows,
             grid=(total // halves, heads))
-    scale = _fast_exp(_ftz(_ftz(_memory(lse_per_step, what)[at_step]) - _ftz(_memory(lse, what)[at])))
-    target = _memory(out, what).view(total, heads, dim)
-    step = _memory(out_per_step, what).view(-1, heads, dim)[tokens]
+    scale = _fast_exp(_ftz(_ftz(memory(lse_per_step, what)[at_step]) - _ftz(memory(lse, what)[at])))
+    target = memory(out, what).view(total, heads, dim)
+    step = memory(out_per_step, what).view(-1, heads, dim)[tokens]
     _scatter(target, 0, rows, _corrected(target[rows], step, scale.view(-1, heads, 1)))
 
 
 def thd_grad_correction(grad: torch.Tensor, grad_per_step: torch.Tensor, cu_seqlens: torch.Tensor,
                         first_half: str, second_half: str, /) -> None:
     what, modes = "tex.thd_grad_correction", (first_half, second_half)
-    if _te_version() >= INCREMENTAL_SINCE and (grad.dtype not in FLOATS or "zero" in modes):
-        refuse(f"{what} {modes} of {grad.dtype} under TE {_te_version()} (its 'zero' mode and FP8 byte gradients: "
+    if installed_te_version() >= INCREMENTAL_SINCE and (grad.dtype not in FLOATS or "zero" in modes):
+        refuse(f"{what} {modes} of {grad.dtype} under TE {installed_te_version()} (its 'zero' mode and FP8 byte gradients: "
                "the kernel is in none of the sources the emulation is written from)")
     _switch(grad)
     if modes not in GRAD_MODES:
@@ -291,8 +276,8 @@ def thd_grad_correction(grad: torch.Tensor, grad_per_step: torch.Tensor, cu_seql
         first = tokens - bounds[seq] < torch.div(bounds[seq + 1] - bounds[seq], 2, rounding_mode="trunc")
     _within(what, (target, total, "grad rows"), (tokens, rows, "grad_per_step rows"), written=target,
             grid=(rows, slices))
-    dst = _memory(grad, what).view(slices, total, hidden)
-    src = _memory(grad_per_step, what)[:slices * rows * hidden].view(slices, rows, hidden)[:, tokens]
+    dst = memory(grad, what).view(slices, total, hidden)
+    src = memory(grad_per_step, what)[:slices * rows * hidden].view(slices, rows, hidden)[:, tokens]
     old = dst[:, target]
     new, summed = old.clone(), _add(old, src)
     for mode, mask in zip(modes, (first, ~first)):
