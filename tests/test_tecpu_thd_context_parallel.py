@@ -1,5 +1,6 @@
-"""tex's context-parallel THD helpers (te/tecpu/thd_context_parallel.py) against common/fused_attn/context_parallel.cu's
-definitions, written here per sequence with slices and scalar loops, not from the emulation's vectorised indexing:
+"""tex's context-parallel THD helpers (te/tecpu/thd_context_parallel.py, thd_partition.py, thd_layout.py)
+against common/fused_attn/context_parallel.cu's definitions, written here per sequence with slices and scalar
+loops, not from the emulation's vectorised indexing:
 - halves: sequence [start, start + n) has halves [start, start + n/2) and [start + n/2, start + n); read_half_tensor
   concatenates one half of every sequence, read_second_half_lse the second halves of the LSE ([h, t] packed, or per
   sequence [b, h, s] at columns n/2 .. n, zeros past them);
@@ -25,6 +26,8 @@ from packaging.version import Version
 
 from te_verify.te import tecpu
 from te_verify.te.tecpu import thd_context_parallel as thd
+from te_verify.te.tecpu import thd_layout as layout
+from te_verify.te.tecpu import thd_partition
 
 F = np.float32
 CU = [0, 8, 8, 20, 32]  # an empty sequence; every length a multiple of 4 (halves of halves stay whole)
@@ -323,7 +326,7 @@ def test_grad_correction(tex) -> None:
 
 def mirrored_partition(tokens, rank, bounds, world, what):
     """The second-half chunk of rank r taken as cp - 1 - r (not 2 cp - 1 - r) chunks of L / 2 on."""
-    seq = thd._search(bounds, what, tokens)[1]
+    seq = layout.search(bounds, what, tokens)[1]
     start = bounds[seq]
     index, half = tokens - start, (bounds[seq + 1] - start) // 2
     return index + start * world + half * torch.where(index < half, rank, world - 1 - rank)
@@ -331,11 +334,11 @@ def mirrored_partition(tokens, rank, bounds, world, what):
 
 def _plant(monkeypatch, fault: str) -> None:
     if fault == "boundary token in the sequence before":
-        clean = thd._search
-        monkeypatch.setattr(thd, "_search", lambda bounds, what, tokens=None: (lambda t: (t, torch.searchsorted(
+        clean = layout.search
+        monkeypatch.setattr(layout, "search", lambda bounds, what, tokens=None: (lambda t: (t, torch.searchsorted(
             bounds[1:-1].contiguous(), t, right=False)))(clean(bounds, what, tokens)[0]))
     elif fault == "second-half rank mirrored":
-        monkeypatch.setattr(thd, "_partition_source", mirrored_partition)
+        monkeypatch.setattr(thd_partition, "_partition_source", mirrored_partition)
     elif fault == "the textbook fp32 LSE merge":
         monkeypatch.setattr(thd, "_merge", lambda a, b: torch.fmax(a, b) + torch.log(
             1 + torch.exp(torch.fmin(a, b) - torch.fmax(a, b))))
