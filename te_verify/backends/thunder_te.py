@@ -69,7 +69,7 @@ class ThunderTEBackend:
             return f"thunder's TE executor claims only linear layers, not {te.module}"
         if te.main_grad or te.delay_wgrad:
             return "thunder's TE executor has no fuse_wgrad_accumulation / delay_wgrad_compute"
-        if spec.recompute != "none":  # the TE lane's recompute cases run on te_eager (docs/training.md)
+        if spec.recompute != "none":  # the TE lane's recompute cases run on te_eager (docs/recompute.md)
             return "activation recompute under thunder's TE executor is not built yet (issue 34: te_eager only)"
         if spec.model is not None and spec.dtype == "bf16" and (te.recipe or "").startswith("nvfp4"):
             return NVFP4_BF16_MODELS

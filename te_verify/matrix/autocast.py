@@ -58,7 +58,7 @@ def _te(mask: tuple[bool, ...], x_grad: bool, recipe: str | None = None) -> Case
 def te_autocast_specs(tier: str) -> list[CaseSpec]:
     """TE Linears under torch.autocast(bf16) over fp32 parameters, without an FP8 recipe (TE casts the weights and
     inputs itself) and with delayed or current scaling (judged against te_verify.te.reference on the same FP8
-    operands, which follows TE's scale and GEMM definitions: docs/training.md)."""
+    operands, which follows TE's scale and GEMM definitions: docs/mixed-precision.md)."""
     check_tier(tier)
     masks = named_masks(4)
     if tier == "smoke":

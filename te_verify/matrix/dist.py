@@ -47,7 +47,7 @@ def schedule_specs(tier: str) -> list[CaseSpec]:
     """Freeze schedules after wrapping (CaseSpec.schedule): a frozen prefix unfrozen after the first iteration, all
     but the head frozen after it, on DDP and FSDP2; nightly adds DDP with find_unused_parameters, FSDP1 and a swap.
     No training engine: their TrainSteps build the optimizer over what trains at wrap and cannot follow a change yet
-    (docs/training.md, Freeze schedules)."""
+    (docs/freeze-schedules.md)."""
     check_tier(tier)
     masks = named_masks(4)
     plans = [(masks["prefix"], ((2, "unfreeze_all"),)), (masks["none"], ((2, "freeze_all_but_last"),))]

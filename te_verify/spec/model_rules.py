@@ -128,7 +128,7 @@ def _check_recompute(spec: CaseSpec) -> None:
 # The wrappers and engines the distributed lane runs with torch's checkpoint around the model's blocks
 # (models.recompute, the same checkpointed model every rank builds). Not FSDP1 and fairscale: they compute on views
 # of a flat parameter, whose GEMMs the probes cannot name by layer, so a recomputed fprop in backward reads as a dgrad
-# (an attribution through those views changed FSDP1's other cases' saved verdicts: not landed, docs/training.md).
+# (an attribution through those views changed FSDP1's other cases' saved verdicts: not landed, docs/recompute.md).
 RECOMPUTE_WRAPPERS = ("ddp", "fsdp2", "megatron_ddp", "deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3")
 
 
