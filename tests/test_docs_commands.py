@@ -105,8 +105,6 @@ SMALLEST: dict[str, Smallest] = {
         None, "tests/test_case_order.py runs cases in both orders"),
     "te-verify run --tier nightly --shard 1/4 --report-dir reports/s1": Smallest(None, "the nightly tier: minutes"),
     "te-verify run --tier nightly": Smallest(None, "the nightly tier: minutes"),
-    "te-verify run --tier nightly --backend te_eager --backend thunder_te --backend torch_compile_te -k test_te_":
-        Smallest(None, "the TE lane's nightly tier, three backends: 30-40 minutes"),
     "te-verify run --tier nightly -k test_te_": Smallest(None, "the TE lane's nightly tier: 25-45 minutes"),
     "te-verify run --tier nightly --workers 1": Smallest(None, "the whole nightly tier on one worker: 1.5 hours"),
     "te-verify run --tier nightly --workers 2 -k test_te_": Smallest(None, "the TE lane's nightly tier: 7 minutes"),
