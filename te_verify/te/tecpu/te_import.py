@@ -82,8 +82,9 @@ _LOG = rewrite.RewriteLog()
 
 
 def installed_te_version() -> str:
+    """surface.installed_te_version as the boot reads it: a string, or a BootError saying how to install TE."""
     try:
-        return importlib.metadata.version("transformer_engine")
+        return str(surface.installed_te_version())
     except importlib.metadata.PackageNotFoundError:
         raise BootError("transformer-engine is not installed: `pip install --no-deps transformer-engine==2.20.2` "
                         "(scripts/bootstrap.sh does), or run with --te-impl reference") from None

@@ -16,7 +16,7 @@ import torch
 from te_verify.te.tecpu import (activation, attention, block_quantize, device, dropout, fused_router, gemm,
                                 group_quantize, grouped_offsets, grouped_tensor_gemm, kv_cache, moe_permute,
                                 multi_tensor, mxfp8_partial_cast, norm, optimizers, padding, quantize, rope,
-                                router_aux_loss, scaled_activation, thd_context_parallel)
+                                router_aux_loss, scaled_activation, thd_context_parallel, thd_partition)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -78,8 +78,10 @@ EMULATED_SINCE: dict[str, Callable] = {
     # loss, the aux loss; forward and backward.
     **fused_router.functions(),
     **router_aux_loss.functions(),
-    # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections, CP reorders.
+    # Context parallelism over THD inputs (thd_*): sequence halves, LSE / output / grad corrections; CP partitions
+    # and reorders.
     **thd_context_parallel.functions(),
+    **thd_partition.functions(),
     # GroupedLinear's grouped-tensor GEMMs (TE >= 2.20, taken when get_cublasLt_version() >= 13.3: device.CUBLASLT_ENV).
     **grouped_tensor_gemm.functions(),
     # copy_to_kv_cache, convert_thd_to_bshd, convert_bshd_to_thd (InferenceParams' KV cache; attention with THD inputs).

@@ -36,7 +36,6 @@ import torch
 from packaging.version import Version
 
 from te_verify.te.tecpu import thd_layout as layout
-from te_verify.te.tecpu import thd_partition
 from te_verify.te.tecpu.device import EMULATED
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.surface import installed_te_version
@@ -228,8 +227,7 @@ def thd_grad_correction(grad: torch.Tensor, grad_per_step: torch.Tensor, cu_seql
 
 
 def functions() -> dict[str, Any]:
-    """The emulated tex functions of this module and thd_partition's, by name (tex.build exposes those the version's
-    surface has)."""
-    return {**{fn.__name__: fn for fn in (
+    """The emulated tex functions of this module, by name (tex.build exposes those the version's surface has)."""
+    return {fn.__name__: fn for fn in (
         thd_read_half_tensor, thd_second_half_lse_correction, thd_read_second_half_lse, thd_out_correction,
-        thd_grad_correction)}, **thd_partition.functions()}
+        thd_grad_correction)}
