@@ -6,10 +6,11 @@
 TE's tests are not part of the project: fetch TE's repository (github:NVIDIA/TransformerEngine) and point --tests at
 its tests/pytorch. Each file runs in its own pytest process (scripts/te_own_tests_shim.py boots the emulation and
 rewrites the tests' CUDA touch points), nice'd, on one core, with a time limit (at which pytest is interrupted and
-still reports what it finished); `--one-process` runs all files in one process instead, paying TE's import once (on
-a loaded machine it dominates small files). Per file it writes one summary line, from the JUnit XML; `--by-cause`
-prints the failures grouped by their error's first line, the start of sorting each into the emulation's, the
-shim's or a GPU-only feature (docs/te-lane.md).
+still reports what it finished), after the step TE's CI takes before the file, if it has one (CI_STEPS);
+`--one-process` runs all files in one process instead, paying TE's import once (on a loaded machine it dominates
+small files). Per file it writes one summary line, from the JUnit XML; `--by-cause` prints the failures grouped by
+their error's first line, the start of sorting each into the emulation's, the shim's or a GPU-only feature
+(docs/te-lane.md).
 """
 from __future__ import annotations
 
@@ -18,14 +19,47 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERRUPT_GRACE_S = 120  # after SIGINT, pytest finishes its report; then the process is killed
+
+
+class CiStep(NamedTuple):
+    """What TE's CI does before a test file (qa/L0_pytorch_unittest/test.sh): points `env` at a folder under --out
+    and, where it is absent, fills it by running the file as a script with `argv` (over the emulation, as the tests)."""
+    env: str
+    argv: tuple[str, ...]
+
+
+CI_STEPS = {
+    # The checkpoints test_checkpoint.py loads; TE's CI writes them with the build under test when absent.
+    "test_checkpoint.py": CiStep("NVTE_TEST_CHECKPOINT_ARTIFACT_PATH", ("--save-checkpoint", "all")),
+}
+
+
+def prepare(names: list[str], out: Path, env: dict[str, str], cwd: Path, log) -> None:
+    """TE CI's steps for the files in `names` (CI_STEPS), into env and out/artifacts/<file>."""
+    for name in names:
+        step = CI_STEPS.get(name.split("::")[0])
+        if step is None:
+            continue
+        folder = out / "artifacts" / Path(name.split("::")[0]).stem
+        env[step.env] = str(folder)
+        if not folder.is_dir():
+            module = name.split("::")[0].removesuffix(".py").replace("/", ".")
+            done = subprocess.run([sys.executable, "-m", "te_own_tests_shim", module, *step.argv], cwd=cwd, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT)
+            log.write(f"te_own_tests: TE CI's step for {name}: {module}.py {' '.join(step.argv)}, exit {done.returncode}\n")
+            log.flush()
+            if done.returncode:  # the tests then fail on what is missing; the next run tries again
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
@@ -51,6 +85,7 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
                "--continue-on-collection-errors",
                f"--junitxml={xml}", *names, *extra]
     with open(out / (stem + ".log"), "w") as log:
+        prepare(names, out, env, tests, log)
         process = subprocess.Popen(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             process.wait(timeout=limit_s)

@@ -74,7 +74,8 @@ class TestsFinder:
                                                       submodule_search_locations=spec.submodule_search_locations)
 
 
-def pytest_configure(config) -> None:
+def install() -> None:
+    """Boot the emulation and serve TE's test modules through the rewrite (TE_OWN_TESTS_DIR names their directory)."""
     root = os.environ.get(TESTS_DIR_ENV)
     if not root:
         raise RuntimeError(f"{TESTS_DIR_ENV} is not set: the directory of TE's tests/pytorch")
@@ -85,6 +86,18 @@ def pytest_configure(config) -> None:
         torch.utils.deterministic.fill_uninitialized_memory = True
     te_checkpoint_cpu.apply()  # TE's checkpoints read torch.cuda.default_generators, which the emulation refuses
     sys.meta_path.insert(0, TestsFinder(root))
+
+
+def pytest_configure(config) -> None:
+    install()
+
+
+def run_main(module: str, argv: list[str]) -> None:
+    """A test module's own main() with argv, over the emulation: the steps TE's CI runs a test file as a script for
+    (qa/L0_pytorch_unittest/test.sh: `test_checkpoint.py --save-checkpoint all` writes the checkpoints its tests load)."""
+    install()
+    sys.argv = [module + ".py", *argv]
+    importlib.import_module(module).main()
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -103,3 +116,7 @@ def pytest_runtest_logreport(report) -> None:
     with open(path, "a") as progress:
         progress.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
                                    "message": message}) + "\n")
+
+
+if __name__ == "__main__":
+    run_main(sys.argv[1], sys.argv[2:])

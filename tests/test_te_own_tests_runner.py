@@ -136,3 +136,41 @@ def test_test_modules_see_the_booted_capability(tmp_path: Path, monkeypatch) -> 
         assert shim.TestsLoader.shim.cuda.get_device_capability() == (10, 0)
     finally:
         device.configure(saved)
+
+
+class Ran:
+    """subprocess.run as prepare() calls it, recording the command; `exit` is the script's exit status, and a run
+    that succeeds writes the folder, as the checkpoint script does."""
+
+    def __init__(self, exit: int) -> None:
+        self.exit, self.commands = exit, []
+
+    def __call__(self, command, cwd, env, stdout, stderr):
+        self.commands.append((command, env["NVTE_TEST_CHECKPOINT_ARTIFACT_PATH"]))
+        Path(env["NVTE_TEST_CHECKPOINT_ARTIFACT_PATH"]).mkdir(parents=True)
+        return type("Done", (), {"returncode": self.exit})()
+
+
+def test_te_cis_step_runs_once_before_its_file(tmp_path: Path, monkeypatch) -> None:
+    """test_checkpoint.py loads checkpoints TE's CI writes first with the build under test: the runner points the
+    test at a folder under --out and fills it by the file's own save mode, once; other files get no step."""
+    ran = Ran(exit=0)
+    monkeypatch.setattr(runner.subprocess, "run", ran)
+    env: dict[str, str] = {}
+    with open(tmp_path / "log", "w") as log:
+        runner.prepare(["test_recipe.py", "test_checkpoint.py::TestLoadCheckpoint::test_module[linear]"],
+                       tmp_path, env, tmp_path, log)
+        runner.prepare(["test_checkpoint.py"], tmp_path, env, tmp_path, log)  # the folder is there: not again
+    folder = str(tmp_path / "artifacts" / "test_checkpoint")
+    assert env == {"NVTE_TEST_CHECKPOINT_ARTIFACT_PATH": folder}
+    assert [command[-4:] for command, _ in ran.commands] == [
+        ["te_own_tests_shim", "test_checkpoint", "--save-checkpoint", "all"]]
+
+
+def test_a_failed_ci_step_is_logged_and_tried_again(tmp_path: Path, monkeypatch) -> None:
+    ran = Ran(exit=1)
+    monkeypatch.setattr(runner.subprocess, "run", ran)
+    with open(tmp_path / "log", "w") as log:
+        runner.prepare(["test_checkpoint.py"], tmp_path, {}, tmp_path, log)
+    assert not (tmp_path / "artifacts" / "test_checkpoint").exists()  # the tests fail on what is missing
+    assert "test_checkpoint.py --save-checkpoint all, exit 1" in (tmp_path / "log").read_text()
