@@ -164,6 +164,8 @@ def report(name: str, rows: list[tuple[str, str, str]], out: Path, by_cause: boo
     """One file's summary line (printed and appended to summary.txt), and its failures by cause."""
     counts = collections.Counter(outcome for _, outcome, _ in rows)
     line = f"{name}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+    if not rows:  # not collected (a path pytest did not find) or not reached before the time limit: no verdict
+        line = f"{name}: no result (not collected, or not reached in the time limit: see the log)"
     print(line, flush=True)
     with open(out / "summary.txt", "a") as summary:
         summary.write(line + "\n")

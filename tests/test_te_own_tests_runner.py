@@ -174,3 +174,11 @@ def test_a_failed_ci_step_is_logged_and_tried_again(tmp_path: Path, monkeypatch)
         runner.prepare(["test_checkpoint.py"], tmp_path, {}, tmp_path, log)
     assert not (tmp_path / "artifacts" / "test_checkpoint").exists()  # the tests fail on what is missing
     assert "test_checkpoint.py --save-checkpoint all, exit 1" in (tmp_path / "log").read_text()
+
+
+def test_a_name_without_rows_says_no_result(tmp_path: Path, capsys) -> None:
+    """A node id pytest did not find (a path relative to the wrong folder) or never reached has no row: no verdict,
+    not '0 passed, 0 failed'."""
+    runner.report("test_nvfp4_sr_quantize.py::test_a[1]", [], tmp_path, by_cause=False)
+    assert "no result" in capsys.readouterr().out
+    assert "0 passed" not in (tmp_path / "summary.txt").read_text()
