@@ -57,11 +57,6 @@ class GlobalScale(NamedTuple):
     e4m3_max: int
 
 
-def _with_sign(magnitude_code: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    negative = torch.signbit(x) & ~torch.isnan(x)
-    return (magnitude_code + 8 * negative.to(magnitude_code.dtype)).to(torch.uint8)
-
-
 # The encoders look codes up instead of comparing each element with the grid (that took 80% of a stochastic-rounding
 # quantization, TE's 8192 x 8192 test items): every grid value and midpoint is a multiple of 0.25, so an element's
 # code depends only on which quarter (or half) it falls in and on whether it sits exactly on its boundary.
