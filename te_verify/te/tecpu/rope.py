@@ -114,26 +114,33 @@ def _sin_cos(freqs: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, tor
     return torch.sin(f), torch.cos(f)
 
 
-def _partner(d2: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each rotated dim's partner and the forward's sign on it."""
+def _partners(v: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Each rotated dim's partner along the last dim: the other half (dim j with j + d2/2), or the other of its pair
+    (2i with 2i+1); a copy by views, not a gather (the gather was a quarter of a large RoPE test item)."""
+    if interleaved:
+        return v.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    half = v.shape[-1] // 2
+    return torch.cat((v[..., half:], v[..., :half]), dim=-1)
+
+
+def _signs(d2: int, interleaved: bool) -> torch.Tensor:
+    """The forward's sign on each dim's partner: -1 on the first of each pair (or the first half)."""
     j = torch.arange(d2)
     first = (j % 2 == 0) if interleaved else (j < d2 // 2)
-    if interleaved:
-        partner = torch.where(first, j + 1, j - 1)
-    else:
-        partner = torch.where(first, j + d2 // 2, j - d2 // 2)
-    return partner, torch.where(first, -1.0, 1.0)
+    return torch.where(first, -1.0, 1.0)
 
 
 def rotate(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, interleaved: bool, backward: bool) -> torch.Tensor:
     """The kernels' fp32 rotation of x's first d2 dims (sin, cos broadcast to [..., d2]); the rest copied."""
     d2 = sin.shape[-1]
-    partner, sign = _partner(d2, interleaved)
+    sign = _signs(d2, interleaved)
     head = x[..., :d2]
     if backward:
-        rotated = head * cos + (-sign * head[..., partner]) * sin[..., partner]
+        rotated = head * cos + (-sign * _partners(head, interleaved)) * _partners(sin, interleaved)
     else:
-        rotated = head * cos + (sign * head[..., partner]) * sin
+        rotated = head * cos + (sign * _partners(head, interleaved)) * sin
+    if d2 == x.shape[-1]:  # row-major, as the concatenation below is (elementwise ops keep a permuted x's layout)
+        return rotated.contiguous()
     return torch.cat((rotated, x[..., d2:]), dim=-1)
 
 
