@@ -47,13 +47,14 @@ CI_STEPS = {
 def prepare(names: list[str], out: Path, env: dict[str, str], cwd: Path, log) -> None:
     """TE CI's steps for the files in `names` (CI_STEPS), into env and out/artifacts/<file>."""
     for name in names:
-        step = CI_STEPS.get(name.split("::")[0])
+        file = name.split("::")[0]  # a node id's file
+        step = CI_STEPS.get(file)
         if step is None:
             continue
-        folder = out / "artifacts" / Path(name.split("::")[0]).stem
+        folder = out / "artifacts" / Path(file).stem
         env[step.env] = str(folder)
         if not folder.is_dir():
-            module = name.split("::")[0].removesuffix(".py").replace("/", ".")
+            module = file.removesuffix(".py").replace("/", ".")
             done = subprocess.run([sys.executable, "-m", "te_own_tests_shim", module, *step.argv], cwd=cwd, env=env,
                                   stdout=log, stderr=subprocess.STDOUT)
             log.write(f"te_own_tests: TE CI's step for {name}: {module}.py {' '.join(step.argv)}, exit {done.returncode}\n")
