@@ -20,9 +20,12 @@ def spacing(v: float) -> float:
 def nearest_even(v: float) -> int:
     if math.isnan(v):
         return 7
-    a = min(abs(v), 6.0)  # saturating (the distances to the grid round together near 3.4e38)
-    best = min(range(8), key=lambda code: (abs(MAGNITUDES[code] - a), code % 2))
-    return best + (8 if math.copysign(1.0, v) < 0 else 0)
+    a = min(abs(v), 6.0)  # saturating
+    # In units of the spacing the grid is consecutive integers whose parity is the code's, so Python's round()
+    # (half to even) is E2M1's tie rule; written apart from nvfp4.py's table builder, which compares distances.
+    step = spacing(a)
+    q = min(round(a / step) * step, 6.0)
+    return MAGNITUDES.index(q) + (8 if math.copysign(1.0, v) < 0 else 0)
 
 
 def stochastic(v: float, byte: int) -> int:
