@@ -104,6 +104,29 @@ def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -
     assert seen[0]["TE_VERIFY_CUBLASLT"] == "13.3" and "TE_VERIFY_CUBLASLT" not in seen[1]
 
 
+def test_freed_memory_stays_in_the_heap_unless_the_user_set_it(tmp_path: Path, monkeypatch) -> None:
+    """The test process gets glibc's thresholds that keep freed memory for reuse; a MALLOC_* value set by the user
+    reaches it unchanged."""
+    (tmp_path / "utils.py").write_text("")
+    seen = []
+
+    class Process:
+        def __init__(self, command, cwd, env, stdout, stderr) -> None:
+            seen.append(env)
+
+        def wait(self, timeout=None) -> int:
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Process)
+    for name in runner.KEEP_FREED_MEMORY:
+        monkeypatch.delenv(name, raising=False)
+    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert {name: seen[0][name] for name in runner.KEEP_FREED_MEMORY} == runner.KEEP_FREED_MEMORY
+    assert seen[1]["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
 def test_malformed_cublaslt_option_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     (tmp_path / "utils.py").write_text("")
     try:
