@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
 from te_verify import compat, environment, tmpdirs
 from te_verify.run import process_state, worker_threads
@@ -38,7 +37,7 @@ from te_verify.report.stream import RowStream
 from te_verify.report.resume import ResumeError, done_nodeids, load_previous
 from te_verify.distributed.engines import engine
 from te_verify.distributed.wrappers import wrapper_unavailable
-from te_verify.matrix.capability import DEFAULT as DEFAULT_CAPABILITY, runs_at
+from te_verify.matrix.capability_pass import capability_pass, capability_suffix, drawing_pass
 from te_verify.matrix.selection import select_pr
 from te_verify.passes import COMPILE_BACKENDS
 from te_verify.matrix.shard import ShardError, selected_shard
@@ -247,36 +246,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     runs = capability_pass(metafunc.config, module.LANE, runs)  # after the pr selection, which stays the tier's
     suffix = capability_suffix(module.LANE)
     metafunc.parametrize("case", runs, ids=[f"{r.backend_name}-{r.spec.id}{suffix}" for r in runs], indirect=True)
-
-
-def _emulated_capability(lane: str) -> str | None:
-    """The emulated compute capability a TE-lane case runs at (None: another lane, or a GPU's own)."""
-    return te_api.capability() if lane == "te" and not torch.cuda.is_available() else None
-
-
-def capability_pass(config: pytest.Config, lane: str, runs: list[CaseRun]) -> list[CaseRun]:
-    """With --capability-cases on an emulated device: the TE cases that run at this capability; other lanes run
-    in the default capability's pass only."""
-    if not config.getoption("capability_cases") or torch.cuda.is_available():
-        return runs
-    here = te_api.capability()
-    if lane != "te":
-        return runs if here == DEFAULT_CAPABILITY else []
-    return [run for run in runs if runs_at(run.spec, here)]
-
-
-def drawing_pass(config: pytest.Config, pairs: list) -> list:
-    """With --capability-cases on an emulated device: a test drawing its own specs runs in the default capability's
-    pass only (its specs are not known before it runs, so no other pass can claim them)."""
-    if not config.getoption("capability_cases") or torch.cuda.is_available():
-        return pairs
-    return pairs if te_api.capability() == DEFAULT_CAPABILITY else []
-
-
-def capability_suffix(lane: str) -> str:
-    """A TE case's id names an emulated capability other than the default (the main job runs some at both)."""
-    here = _emulated_capability(lane)
-    return f"-{here}" if here not in (None, DEFAULT_CAPABILITY) else ""
 
 
 @pytest.fixture
