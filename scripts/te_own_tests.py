@@ -63,16 +63,18 @@ def prepare(names: list[str], out: Path, env: dict[str, str], cwd: Path, log) ->
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-# glibc maps every allocation above 32 MB afresh and unmaps it when freed, so a test over 8192 x 8192 tensors pays a
-# page fault per 4 KB of each temporary: TE's NVFP4 8192 x 8192 quantization item spent 7.6 of its 22 s in the
-# kernel. Kept in the heap instead, freed memory is reused: 1.4 s, 2.8 GB peak instead of 1.9 (docs/te-lane.md).
-# A value the user set wins.
+# --keep-freed-memory: glibc maps every allocation above 32 MB afresh and unmaps it when freed, so a large item pays
+# a page fault per 4 KB of each temporary; kept in the heap, freed memory is reused. It depends on the test: TE's
+# NVFP4 8192 x 8192 quantization item 7.6 -> 1.4 s in the kernel, 1.9 -> 2.8 GB peak; a fused RoPE item at
+# sequence 4096, hidden 256: 21 -> 10 s, 4 -> 12 GB (the heap fragments), which ran a 24 GB machine out of memory
+# beside other runs. Opt-in; a MALLOC_* value the user set wins (docs/te-lane.md).
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(16 << 30), "MALLOC_TRIM_THRESHOLD_": str(64 << 30),
                      "MALLOC_TOP_PAD_": str(1 << 30)}
 
 
 def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
-              extra: list[str], nan_uninitialized: bool = False, cublaslt: str | None = None) -> Path:
+              extra: list[str], nan_uninitialized: bool = False, cublaslt: str | None = None,
+              keep_freed_memory: bool = False) -> Path:
     """TE test files in one nice'd pytest process; returns its JUnit XML path.
 
     At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
@@ -85,7 +87,7 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                TE_OWN_TESTS_PROGRESS=str(progress),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
-    for name, value in KEEP_FREED_MEMORY.items():
+    for name, value in (KEEP_FREED_MEMORY if keep_freed_memory else {}).items():
         env.setdefault(name, value)
     if nan_uninitialized:
         env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
@@ -215,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nan-uninitialized", action="store_true",
                         help="fill uninitialized float memory with NaN (torch's deterministic mode): a read of memory "
                              "nobody wrote fails deterministically instead of by the order tests ran in")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="keep freed memory in glibc's heap for reuse: fewer page faults on large items, up to 3x "
+                             "their peak memory (see KEEP_FREED_MEMORY)")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [args.files] if args.one_process else [[name] for name in args.files]
     for batch in batches:
         rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s,
-                                  args.nice, pytest_args, args.nan_uninitialized, args.cublaslt))
+                                  args.nice, pytest_args, args.nan_uninitialized, args.cublaslt,
+                                  args.keep_freed_memory))
         for name in batch:
             report(name, [row for row in rows if in_file(row[0], name)], args.out, args.by_cause)
     return 0

@@ -104,9 +104,9 @@ def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -
     assert seen[0]["TE_VERIFY_CUBLASLT"] == "13.3" and "TE_VERIFY_CUBLASLT" not in seen[1]
 
 
-def test_freed_memory_stays_in_the_heap_unless_the_user_set_it(tmp_path: Path, monkeypatch) -> None:
-    """The test process gets glibc's thresholds that keep freed memory for reuse; a MALLOC_* value set by the user
-    reaches it unchanged."""
+def test_keep_freed_memory_reaches_the_process_unless_the_user_set_it(tmp_path: Path, monkeypatch) -> None:
+    """--keep-freed-memory gives the test process glibc's thresholds that keep freed memory for reuse, a MALLOC_*
+    value set by the user reaching it unchanged; without the flag none is set."""
     (tmp_path / "utils.py").write_text("")
     seen = []
 
@@ -120,11 +120,14 @@ def test_freed_memory_stays_in_the_heap_unless_the_user_set_it(tmp_path: Path, m
     monkeypatch.setattr(runner.subprocess, "Popen", Process)
     for name in runner.KEEP_FREED_MEMORY:
         monkeypatch.delenv(name, raising=False)
-    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
+    keep = ["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--keep-freed-memory"]
+    runner.main(keep[:-1])
+    runner.main(keep)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
-    assert {name: seen[0][name] for name in runner.KEEP_FREED_MEMORY} == runner.KEEP_FREED_MEMORY
-    assert seen[1]["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    runner.main(keep)
+    assert not set(runner.KEEP_FREED_MEMORY) & set(seen[0])
+    assert {name: seen[1][name] for name in runner.KEEP_FREED_MEMORY} == runner.KEEP_FREED_MEMORY
+    assert seen[2]["MALLOC_MMAP_THRESHOLD_"] == "65536"
 
 
 def test_malformed_cublaslt_option_is_a_one_line_error(tmp_path: Path, capsys) -> None:
