@@ -1,8 +1,9 @@
 """The emulated E2M1 encoders (te/tecpu/nvfp4.py, looked up by quarter) against E2M1 written from its definition, one
 scalar at a time: round to nearest with ties to the even code, and ptx.cuh's stochastic rounding (t = |x| + byte / 256
 * spacing(|x|), rounded down on t's spacing, saturating at 6). Every quarter boundary, its fp32 neighbours and every
-random byte: where a table is one entry off, a value here lands on it. Planted: ties that go up, and a stochastic
-table that saturates one bin late."""
+random byte: where a table is one entry off, a value here lands on it. The decoders against the same definition for
+every code and every packed byte (element 2i in the low nibble). Planted: ties that go up, a stochastic table that
+saturates one bin late, a byte table with its nibbles swapped."""
 import math
 
 import pytest
@@ -85,3 +86,29 @@ def test_saturating_one_bin_late_fails_naming_the_value(monkeypatch: pytest.Monk
     monkeypatch.setattr(nvfp4, "SR_CODE", late)
     failures = stochastic_failures(range(1))
     assert failures and failures[0] == "encode_stochastic(6.0, byte 0): code 6, E2M1 says 7"
+
+
+def e2m1_value(code: int) -> float:
+    return math.copysign(MAGNITUDES[code & 7], -1.0 if code & 8 else 1.0)  # code 8 is -0
+
+
+def decode_failures() -> list[str]:
+    failures = [f"decode({code}): {got!r}, E2M1 says {e2m1_value(code)!r}"
+                for code, got in enumerate(nvfp4.decode(torch.arange(16, dtype=torch.uint8)).tolist())
+                if math.copysign(1.0, got) != math.copysign(1.0, e2m1_value(code)) or got != e2m1_value(code)]
+    pairs = nvfp4.decode_packed(torch.arange(256, dtype=torch.uint8).reshape(1, 256)).reshape(256, 2).tolist()
+    for byte, got in enumerate(pairs):
+        want = [e2m1_value(byte & 0xF), e2m1_value(byte >> 4)]
+        if [(math.copysign(1.0, v), v) for v in got] != [(math.copysign(1.0, v), v) for v in want]:
+            failures.append(f"decode_packed(byte {byte}): {got}, E2M1 says {want}")
+    return failures
+
+
+def test_every_code_and_packed_byte_decodes_to_e2m1s_values():
+    assert decode_failures() == []
+
+
+def test_swapped_nibbles_fail_naming_the_byte(monkeypatch: pytest.MonkeyPatch):
+    swapped = nvfp4.BYTE_VALUES.flip(-1).contiguous()
+    monkeypatch.setattr(nvfp4, "BYTE_WORDS", swapped.view(torch.int64).reshape(256))
+    assert decode_failures()[:1] == ["decode_packed(byte 1): [0.0, 0.5], E2M1 says [0.5, 0.0]"]

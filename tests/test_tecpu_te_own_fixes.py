@@ -72,7 +72,7 @@ def test_nvfp4_copies_of_zero_tokens_read_as_empty_matrices(tex) -> None:
 
 def test_planted_unpack_by_inferred_width_fails_on_zero_tokens(tex, monkeypatch) -> None:
     """The rule before: reshape(rows, -1), which no width can satisfy for zero rows."""
-    monkeypatch.setattr(nvfp4, "unpack",
-                        lambda data: torch.stack([data & 0xF, data >> 4], -1).reshape(data.shape[0], -1))
+    monkeypatch.setattr(nvfp4, "decode_packed", lambda data: nvfp4.BYTE_WORDS.index_select(
+        0, data.reshape(-1).int()).view(torch.float32).reshape(data.shape[0], -1))
     with pytest.raises(RuntimeError, match="cannot reshape tensor of 0 elements"):
         zero_token_products(tex)

@@ -60,7 +60,7 @@ def _stored(out: Any, columnwise: bool) -> StoredCopy | None:
     blocks = data.shape[1] * 2 // nvfp4.BLOCK
     scales = block_scales.load(buffer, data.shape[0], blocks, out._with_gemm_swizzled_scales)
     amax = out._amax_columnwise if columnwise else out._amax_rowwise
-    return StoredCopy(nvfp4.decode(nvfp4.unpack(data)), scales.view(torch.float8_e4m3fn).float(),
+    return StoredCopy(nvfp4.decode_packed(data), scales.view(torch.float8_e4m3fn).float(),
                       float(amax.reshape(-1)[0]))
 
 
