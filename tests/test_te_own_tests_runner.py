@@ -85,10 +85,9 @@ def test_the_xml_wins_over_the_progress_file(tmp_path: Path) -> None:
     assert len(runner.outcomes(xml)) == 5
 
 
-def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -> None:
-    """--cublaslt 13.3 sets the emulation's TE_VERIFY_CUBLASLT in the pytest process's environment."""
-    (tmp_path / "utils.py").write_text("")
-    seen = []
+def environments_of_test_processes(monkeypatch) -> list[dict]:
+    """Popen replaced by a process that records its environment and exits 0 at once."""
+    seen: list[dict] = []
 
     class Process:
         def __init__(self, command, cwd, env, stdout, stderr) -> None:
@@ -98,6 +97,13 @@ def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -
             return 0
 
     monkeypatch.setattr(runner.subprocess, "Popen", Process)
+    return seen
+
+
+def test_cublaslt_option_reaches_the_test_process(tmp_path: Path, monkeypatch) -> None:
+    """--cublaslt 13.3 sets the emulation's TE_VERIFY_CUBLASLT in the pytest process's environment."""
+    (tmp_path / "utils.py").write_text("")
+    seen = environments_of_test_processes(monkeypatch)
     monkeypatch.delenv("TE_VERIFY_CUBLASLT", raising=False)
     runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--cublaslt", "13.3"])
     runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")])
@@ -108,16 +114,7 @@ def test_keep_freed_memory_reaches_the_process_unless_the_user_set_it(tmp_path: 
     """--keep-freed-memory gives the test process glibc's thresholds that keep freed memory for reuse, a MALLOC_*
     value set by the user reaching it unchanged; without the flag none is set."""
     (tmp_path / "utils.py").write_text("")
-    seen = []
-
-    class Process:
-        def __init__(self, command, cwd, env, stdout, stderr) -> None:
-            seen.append(env)
-
-        def wait(self, timeout=None) -> int:
-            return 0
-
-    monkeypatch.setattr(runner.subprocess, "Popen", Process)
+    seen = environments_of_test_processes(monkeypatch)
     for name in runner.KEEP_FREED_MEMORY:
         monkeypatch.delenv(name, raising=False)
     keep = ["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--keep-freed-memory"]
