@@ -87,8 +87,9 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                TE_OWN_TESTS_PROGRESS=str(progress),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
-    for name, value in (KEEP_FREED_MEMORY if keep_freed_memory else {}).items():
-        env.setdefault(name, value)
+    if keep_freed_memory:
+        for name, value in KEEP_FREED_MEMORY.items():
+            env.setdefault(name, value)
     if nan_uninitialized:
         env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
     if cublaslt:  # the emulated cuBLASLt version, read at boot (te_verify/te/tecpu/device.py CUBLASLT_ENV)

@@ -279,3 +279,15 @@ def test_nvfp4_encoded_in_row_runs_equals_at_once(monkeypatch, two_d: bool, row_
     monkeypatch.setattr(nvfp4, "CHUNK_ELEMENTS", 32 * 64)  # runs of 32 rows
     runs = nvfp4.quantize(x, amax, two_d, bits)
     assert torch.equal(runs[0], whole[0]) and torch.equal(runs[1], whole[1]), "row runs differ from one piece"
+
+
+@pytest.mark.parametrize("rows, cols, block_rows, block_cols", [(32, 64, 1, 16), (32, 64, 16, 16), (0, 32, 1, 16),
+                                                                (64, 96, 1, 32), (256, 256, 128, 128)])
+def test_block_scales_times_is_each_element_times_its_blocks_scale(rows, cols, block_rows, block_cols):
+    g = torch.Generator().manual_seed(rows + cols + block_rows)
+    values = torch.randn(rows, cols, generator=g)
+    scales = torch.rand(rows // block_rows, cols // block_cols, generator=g) * 100
+    want = values * block_scales.expand(scales, block_rows, block_cols)
+    assert torch.equal(block_scales.times(values, scales, block_rows, block_cols).view(torch.int32),
+                       want.view(torch.int32))
+

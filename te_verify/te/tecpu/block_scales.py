@@ -68,6 +68,14 @@ def expand(scales: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tens
     return scales.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
 
 
+def times(values: torch.Tensor, scales: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tensor:
+    """values * expand(scales, ...) without the per-element copy of the scales: each block times its scale by
+    broadcasting (the same fp32 products)."""
+    rows, cols = values.shape
+    blocks = values.view(rows // block_rows, block_rows, cols // block_cols, block_cols)
+    return (blocks * scales[:, None, :, None]).view(rows, cols)
+
+
 def block_amax(x: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tensor:
     """max |x| per block of a 2-D fp32 tensor whose dims the blocks divide, as TE's kernels take it: fmaxf from 0,
     so NaN elements are skipped (an all-NaN block gives 0) and an inf is kept."""

@@ -127,12 +127,6 @@ def decode_packed(data: torch.Tensor) -> torch.Tensor:
     return words.view(torch.float32).reshape(data.shape[0], data.shape[1] * 2)
 
 
-def _times_block_scales(values: torch.Tensor, per_block: torch.Tensor) -> torch.Tensor:
-    """(R, C) values times their 1x16 blocks' factors (R, C/16), broadcast instead of repeated per element."""
-    rows, cols = values.shape
-    return (values.view(rows, cols // BLOCK, BLOCK) * per_block.unsqueeze(-1)).view(rows, cols)
-
-
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """(R, C) codes as (R, C/2) bytes: element 2i in the low nibble."""
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
@@ -194,12 +188,12 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
     """fp32 values of packed E2M1 (M, K/2) with compact E4M3 scale bytes (M, K/16) and the per-tensor amax (or one
     per row, row-scaled)."""
     factor = scales.view(torch.float8_e4m3fn).float() * amax.float().reshape(-1, 1) * dequantize_factor(e4m3_max)
-    return _times_block_scales(decode_packed(data), factor)
+    return block_scales.times(decode_packed(data), factor, 1, BLOCK)
 
 
 def block_products(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """q * s_b in fp32 (exact): what a block-scaled GEMM multiplies before the per-tensor factor."""
-    return _times_block_scales(decode_packed(data), scales.view(torch.float8_e4m3fn).float())
+    return block_scales.times(decode_packed(data), scales.view(torch.float8_e4m3fn).float(), 1, BLOCK)
 
 
 def per_tensor_factor(scale: GlobalScale) -> torch.Tensor:
