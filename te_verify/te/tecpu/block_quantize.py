@@ -88,9 +88,15 @@ def swizzle_scales_for_gemm_(tensor: Any) -> None:
 
 
 def _scale_dims(kind: str, t: Any, columnwise: bool) -> tuple[int, int]:
-    """(rows, cols) of one direction's compact scales, from its stored data (NVFP4's packs two values a byte)."""
+    """(rows, cols) of one direction's compact scales, from its stored data."""
     data = t._columnwise_data if columnwise else t._rowwise_data
-    m, k = block_storage.dims2(tuple(data.shape))
+    return compact_scale_dims(kind, tuple(data.shape), columnwise)
+
+
+def compact_scale_dims(kind: str, data_shape: tuple[int, ...], columnwise: bool) -> tuple[int, int]:
+    """(rows, cols) of the scales of one direction's stored data of `data_shape`, unpadded (NVFP4 packs two values a
+    byte)."""
+    m, k = block_storage.dims2(data_shape)
     if kind == "NVFP4Quantizer":
         return m, k * 2 // nvfp4.BLOCK
     return (m // mxfp8.BLOCK, k) if columnwise else (m, k // mxfp8.BLOCK)

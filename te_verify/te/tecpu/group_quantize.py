@@ -22,6 +22,8 @@ from te_verify.te.tecpu.writes import write
 
 _GROUPED_KINDS = ("MXFP8Quantizer", "NVFP4Quantizer", "Float8CurrentScalingQuantizer", "Float8BlockQuantizer")
 _BGRAD_KINDS = ("MXFP8Quantizer", "Float8BlockQuantizer")
+# What split_into_quantized_tensors caches on the storage; TE's C++ reads a grouped tensor without writing them.
+_SPLIT_CACHES = ("tensor_shapes", "offsets", "scale_inv_offsets", "columnwise_scale_inv_offsets")
 
 
 def _kind(quantizer: Any) -> str | None:
@@ -53,6 +55,21 @@ def _packed(num_tensors: int, first_dims: torch.Tensor | None, last_dims: torch.
     if tensor_offsets is not None:
         grouped.tensor_offsets, grouped.offsets = tensor_offsets, tensor_offsets.tolist()
     return grouped
+
+
+def group_views(grouped: Any) -> list:
+    """A GroupedTensor's per-group tensors (views of its buffers) as its C++ wrapper addresses them."""
+    saved = {name: getattr(grouped, name, None) for name in _SPLIT_CACHES}
+    try:
+        views = grouped.split_into_quantized_tensors()
+    finally:
+        for name, value in saved.items():
+            setattr(grouped, name, value)
+    if grouped.quantizer is not None:
+        for view in views:
+            if hasattr(view, "_with_gemm_swizzled_scales"):
+                view._with_gemm_swizzled_scales = grouped._with_gemm_swizzled_scales
+    return list(views)
 
 
 def _group_inputs(tensor: torch.Tensor, grouped: Any) -> list[torch.Tensor]:

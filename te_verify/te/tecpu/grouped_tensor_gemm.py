@@ -15,9 +15,9 @@ same values). The kernel's checks are kept: SM 9.0 to 11.0; cuBLASLt >= 13.3, on
 beta (num_tensors elements) on SM >= 10.0, else one; BF16/FP16/FP8/NVFP4 inputs, BF16/FP16/FP32 outputs; compatible
 scaling modes (FP8 block scaling on Hopper only, not 2D by 2D, cuBLASLt >= 13.4; NVFP4 on Blackwell, >= 13.4, swizzled
 scales; FP8 tensor scaling on Hopper >= 13.5); at most 64 discrete tensors; the setup workspace's size.
-get_grouped_gemm_setup_workspace_size is the kernel's layout walk. Not emulated (refused as unemulated by the tex
-surface): grouped_swizzle_for_gemm and grouped_mlp_experimental (the cuDNN-frontend fused grouped MLP only),
-group_requantize_inplace (prequantized MXFP8 input), group_scaled_swiglu / group_scaled_clamped_swiglu.
+get_grouped_gemm_setup_workspace_size is the kernel's layout walk. The swizzle and requantize steps before these GEMMs
+are group_requantize.py's. Not emulated (refused as unemulated by the tex surface): grouped_mlp_experimental (the
+cuDNN-frontend fused grouped MLP only), group_scaled_swiglu / group_scaled_clamped_swiglu.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from te_verify.te.tecpu import device, gemm
+from te_verify.te.tecpu.group_quantize import group_views
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import shape_of, te_class
 from te_verify.te.tecpu.writes import write
@@ -36,7 +37,6 @@ MAX_GROUPS = 64  # kMaxGroups: discrete lists and the bias kernel
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
 _INPUT_DTYPES = (torch.bfloat16, torch.float16)
 _OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_SPLIT_CACHES = ("tensor_shapes", "offsets", "scale_inv_offsets", "columnwise_scale_inv_offsets")
 
 
 def get_grouped_gemm_setup_workspace_size(num_tensors: int) -> int:
@@ -58,21 +58,6 @@ def _requirements(api: str) -> tuple[int, int]:
     if sm < 100 and version < HOPPER_VERSION:
         raise RuntimeError(f"{api} on Hopper (SM90) requires cuBLAS 13.4+, but run-time cuBLAS version is {version}")
     return sm, version
-
-
-def _groups(grouped: Any) -> list:
-    """A GroupedTensor's per-group tensors (views of its buffers) as its C++ wrapper addresses them."""
-    saved = {name: getattr(grouped, name, None) for name in _SPLIT_CACHES}
-    try:
-        views = grouped.split_into_quantized_tensors()
-    finally:
-        for name, value in saved.items():
-            setattr(grouped, name, value)
-    if grouped.quantizer is not None:
-        for view in views:
-            if hasattr(view, "_with_gemm_swizzled_scales"):
-                view._with_gemm_swizzled_scales = grouped._with_gemm_swizzled_scales
-    return list(views)
 
 
 def _check_inputs(api: str, a_groups: list, b_groups: list, sm: int, version: int,
@@ -130,7 +115,7 @@ def _run(api: str, A: Any, a_groups: list, transa: bool, B: Any, transb: bool, d
     """nvte_grouped_gemm*: the checks, then each group's GEMM into its output."""
     sm, version = _requirements(api)
     num = len(d_groups)
-    b_groups = _groups(B)
+    b_groups = group_views(B)
     alphas, betas = _scalars(alpha, beta, num, sm)
     _check_inputs(api, a_groups, b_groups, sm, version, B, A)
     for d in d_groups:
@@ -239,7 +224,7 @@ def te_general_grouped_gemm_for_grouped_tensor(A: Any, transa: bool, B: Any, tra
                                                workspace_cublas: torch.Tensor, use_split_accumulator: bool,
                                                math_sm_count: int) -> Any:
     _check_counts(A.num_tensors, [(B.num_tensors, SAME_AB), (D.num_tensors, SAME_D)])
-    _run("nvte_grouped_gemm", A, _groups(A), transa, B, transb, _groups(D), alpha, beta, workspace_setup,
+    _run("nvte_grouped_gemm", A, group_views(A), transa, B, transb, group_views(D), alpha, beta, workspace_setup,
          workspace_cublas)
     _epilogue(D, bias, bias_scale)
     return D
@@ -252,7 +237,7 @@ def te_general_grouped_gemm_for_discrete_in(A: list, transa: bool, B: Any, trans
                                             math_sm_count: int) -> Any:
     _check_counts(B.num_tensors, [(len(A), "Grouped GEMM requires A_list to have num_tensors elements."),
                                   (D.num_tensors, SAME_D)], discrete="A_list")
-    _run("nvte_grouped_gemm_with_discrete_inputA", None, list(A), transa, B, transb, _groups(D), alpha, beta,
+    _run("nvte_grouped_gemm_with_discrete_inputA", None, list(A), transa, B, transb, group_views(D), alpha, beta,
          workspace_setup, workspace_cublas)
     _epilogue(D, bias, bias_scale)
     return D
@@ -268,7 +253,7 @@ def te_general_grouped_gemm_for_discrete_out(A: Any, transa: bool, B: Any, trans
     _check_counts(A.num_tensors, [(B.num_tensors, SAME_AB),
                                   (len(D), "Grouped GEMM requires D_list to have num_tensors elements.")],
                   discrete="D_list")
-    _run("nvte_grouped_gemm_with_discrete_out", A, _groups(A), transa, B, transb, list(D), alpha, beta,
+    _run("nvte_grouped_gemm_with_discrete_out", A, group_views(A), transa, B, transb, list(D), alpha, beta,
          workspace_setup, workspace_cublas)
     return D
 

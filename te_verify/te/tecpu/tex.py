@@ -14,9 +14,10 @@ from typing import Callable
 import torch
 
 from te_verify.te.tecpu import (activation, attention, block_quantize, device, dropout, fused_router, gemm,
-                                group_quantize, grouped_offsets, grouped_tensor_gemm, kv_cache, moe_permute,
-                                multi_tensor, mxfp8_partial_cast, norm, optimizers, padding, quantize, rope,
-                                router_aux_loss, scaled_activation, thd_context_parallel, thd_partition)
+                                group_quantize, group_requantize, grouped_mlp_experimental, grouped_offsets,
+                                grouped_tensor_gemm, kv_cache, moe_permute, multi_tensor, mxfp8_partial_cast, norm,
+                                optimizers, padding, quantize, rope, router_aux_loss, scaled_activation,
+                                thd_context_parallel, thd_partition)
 from te_verify.te.tecpu.strict import UnemulatedFunction, unemulated_class
 from te_verify.te.tecpu.surface import Surface
 
@@ -70,6 +71,8 @@ EMULATED_SINCE: dict[str, Callable] = {
     **grouped_offsets.functions(),
     # A GroupedTensor's groups quantized into one packed storage (TE >= 2.20; GroupedLinear's grouped-tensor path).
     **group_quantize.functions(),
+    # A grouped MXFP8 tensor's scales swizzled for the grouped GEMM; a prequantized one made GEMM-ready (TE >= 2.19).
+    **group_requantize.functions(),
     # MoE token permutation by an index router map (te.moe_permute / moe_unpermute with map_type="index").
     **moe_permute.functions(),
     # multi_tensor_scale[_tensor], _l2norm, _unscale_l2norm, _compute_scale_and_scale_inv, _compute_scale_inv_e8m0.
@@ -88,6 +91,11 @@ EMULATED_SINCE: dict[str, Callable] = {
     **kv_cache.functions(),
     # mxfp8_scaling_compute_partial_amax / _partial_cast (cast_master_weights_to_fp8 of MXFP8 weights, TE >= 2.14).
     **mxfp8_partial_cast.functions(),
+}
+# Emulated functions of the tex submodules, by submodule (the rest of a submodule's names raise when called).
+EMULATED_SUBMODULES: dict[str, dict[str, Callable]] = {
+    # The fused grouped MLP's discrete-weight helper (its cuDNN kernels are not emulated; TE's test calls it alone).
+    "grouped_mlp_experimental": grouped_mlp_experimental.functions(),
 }
 
 
@@ -140,7 +148,8 @@ def build(surface: Surface) -> types.ModuleType:
     for sub, names in surface.submodules.items():
         submodule = types.ModuleType(f"{MODULE_NAME}.{sub}")
         for name in names:
-            setattr(submodule, name, UnemulatedFunction(f"{MODULE_NAME}.{sub}.{name}"))
+            body = EMULATED_SUBMODULES.get(sub, {}).get(name)
+            setattr(submodule, name, _kernel(body) if body else UnemulatedFunction(f"{MODULE_NAME}.{sub}.{name}"))
         setattr(module, sub, submodule)
     missing = sorted((set(EMULATED) - set(surface.functions)) | (set(EMULATED_CLASSES) - set(surface.classes)))
     if missing:
