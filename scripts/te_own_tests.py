@@ -73,9 +73,9 @@ KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(16 << 30), "MALLOC_TRIM_THRES
 
 
 def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s: int, niceness: int,
-              extra: list[str], nan_uninitialized: bool = False, cublaslt: str | None = None,
-              keep_freed_memory: bool = False) -> Path:
-    """TE test files in one nice'd pytest process; returns its JUnit XML path.
+              extra: list[str], options: dict[str, str] | None = None, paths: tuple[str, ...] = ()) -> Path:
+    """TE test files in one nice'd pytest process, `options` (option_env) in its environment and `paths` on its
+    PYTHONPATH after the project's; returns its JUnit XML path.
 
     At the time limit the process gets SIGINT, as Ctrl-C: pytest stops at the running test and still writes the
     JUnit XML of the tests it finished; a process killed before its XML still leaves the shim's progress file (every
@@ -86,14 +86,8 @@ def run_files(tests: Path, names: list[str], out: Path, capability: str, limit_s
     progress.unlink(missing_ok=True)
     env = dict(os.environ, TE_OWN_TESTS_DIR=str(tests), TE_OWN_TESTS_CAPABILITY=capability,
                TE_OWN_TESTS_PROGRESS=str(progress),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]), OMP_NUM_THREADS="1")
-    if keep_freed_memory:
-        for name, value in KEEP_FREED_MEMORY.items():
-            env.setdefault(name, value)
-    if nan_uninitialized:
-        env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
-    if cublaslt:  # the emulated cuBLASLt version, read at boot (te_verify/te/tecpu/device.py CUBLASLT_ENV)
-        env["TE_VERIFY_CUBLASLT"] = cublaslt
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts"), *paths]), OMP_NUM_THREADS="1")
+    env.update(options or {})
     command = ["nice", "-n", str(niceness), sys.executable, "-m", "pytest", "-p", "te_own_tests_shim",
                "-p", "no:te_verify", "-p", "no:cacheprovider", "--assert=plain", "-q", "--tb=short",
                "--continue-on-collection-errors",
@@ -201,6 +195,29 @@ def cublaslt_version(text: str) -> str:
     return text
 
 
+def option_env(args: argparse.Namespace) -> dict[str, str]:
+    """What the runner's options set in the test process's environment (a MALLOC_* value the user set wins)."""
+    env: dict[str, str] = {}
+    if args.keep_freed_memory:
+        env.update({name: value for name, value in KEEP_FREED_MEMORY.items() if name not in os.environ})
+    if args.nan_uninitialized:
+        env["TE_OWN_TESTS_NAN_UNINITIALIZED"] = "1"
+    if args.cublaslt:  # the emulated cuBLASLt version, read at boot (te_verify/te/tecpu/device.py CUBLASLT_ENV)
+        env["TE_VERIFY_CUBLASLT"] = args.cublaslt
+    if args.triton_site:  # TE's real triton kernels in triton's interpreter (te_verify/te/tecpu/real_triton.py)
+        env.update(TE_VERIFY_TE_TRITON="interpret", TRITON_INTERPRET="1")
+    return env
+
+
+def triton_site(text: str) -> Path:
+    """--triton-site: a folder holding the triton package (pip install --no-deps --target DIR triton)."""
+    folder = Path(text).resolve()
+    if not (folder / "triton" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no triton package in it (pip install --no-deps --target "
+                                         f"{text} triton; never into .venv)")
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="test files relative to --tests")
@@ -221,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="keep freed memory in glibc's heap for reuse: fewer page faults on large items, up to 3x "
                              "their peak memory (see KEEP_FREED_MEMORY)")
+    parser.add_argument("--triton-site", type=triton_site, default=None,
+                        help="a folder holding triton, outside .venv: TE's triton kernels run for real in triton's "
+                             "interpreter instead of being refused (slow; te_verify/te/tecpu/real_triton.py)")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -230,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     batches = [args.files] if args.one_process else [[name] for name in args.files]
     for batch in batches:
-        rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s,
-                                  args.nice, pytest_args, args.nan_uninitialized, args.cublaslt,
-                                  args.keep_freed_memory))
+        rows = outcomes(run_files(args.tests.resolve(), batch, args.out, args.capability, args.limit_s, args.nice,
+                                  pytest_args, option_env(args), (str(args.triton_site),) if args.triton_site else ()))
         for name in batch:
             report(name, [row for row in rows if in_file(row[0], name)], args.out, args.by_cause)
     return 0

@@ -1,6 +1,7 @@
 """scripts/te_own_tests.py: outcomes read from JUnit XML, split per file when several files share one process."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from loading import load_file
 
@@ -137,6 +138,38 @@ def test_malformed_cublaslt_option_is_a_one_line_error(tmp_path: Path, capsys) -
         raise AssertionError("--cublaslt 13.x was accepted")
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--cublaslt" in error and "'13.x'" in error
+
+
+def test_triton_site_reaches_the_test_process(tmp_path: Path, monkeypatch) -> None:
+    """--triton-site DIR puts DIR on the test process's PYTHONPATH (after the project's) with the interpreter and
+    the emulation's real-triton mode switched on; without it none of the three is set."""
+    (tmp_path / "utils.py").write_text("")
+    site = tmp_path / "site"
+    (site / "triton").mkdir(parents=True)
+    (site / "triton" / "__init__.py").write_text("")
+    seen = environments_of_test_processes(monkeypatch)
+    for name in ("TE_VERIFY_TE_TRITON", "TRITON_INTERPRET"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out")]
+    runner.main(args + ["--triton-site", str(site)])
+    runner.main(args)
+    assert (seen[0]["TE_VERIFY_TE_TRITON"], seen[0]["TRITON_INTERPRET"]) == ("interpret", "1")
+    assert seen[0]["PYTHONPATH"].split(os.pathsep)[-1] == str(site.resolve()), seen[0]["PYTHONPATH"]
+    assert not {"TE_VERIFY_TE_TRITON", "TRITON_INTERPRET"} & set(seen[1])
+    assert str(site.resolve()) not in seen[1]["PYTHONPATH"]
+
+
+def test_triton_site_without_triton_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "utils.py").write_text("")
+    try:
+        runner.main(["test_x.py", "--tests", str(tmp_path), "--out", str(tmp_path / "out"), "--triton-site",
+                     str(tmp_path)])
+    except SystemExit as exit:
+        assert exit.code == 2
+    else:
+        raise AssertionError("a folder without triton was accepted")
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--triton-site" in error and "no triton package" in error, error
 
 
 def test_test_modules_see_the_booted_capability(tmp_path: Path, monkeypatch) -> None:

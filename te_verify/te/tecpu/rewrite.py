@@ -261,17 +261,17 @@ class ObservedLoader(importlib.machinery.SourceFileLoader):
 
 
 class TEFinder(importlib.abc.MetaPathFinder):
-    """Serves every `transformer_engine.*` module through the rewriting loader (stubs for triton kernels), and
-    the other modules named in `after_exec` through an ObservedLoader."""
+    """Serves every `transformer_engine.*` module through the rewriting loader (stubs for triton kernels unless
+    `stub_triton` is false: real_triton.py), and the other modules named in `after_exec` through an ObservedLoader."""
 
     def __init__(self, shim: types.SimpleNamespace, log: RewriteLog,
-                 after_exec: dict[str, Callable[[types.ModuleType], None]]) -> None:
-        self.shim, self.log, self.after_exec = shim, log, after_exec
+                 after_exec: dict[str, Callable[[types.ModuleType], None]], stub_triton: bool = True) -> None:
+        self.shim, self.log, self.after_exec, self.stub_triton = shim, log, after_exec, stub_triton
 
     def find_spec(self, fullname, path, target=None):
         if fullname.split(".")[0] != "transformer_engine":
             return self._observed_spec(fullname, path)
-        if any(fullname == p or fullname.startswith(p + ".") for p in STUB_PACKAGES):
+        if self.stub_triton and any(fullname == p or fullname.startswith(p + ".") for p in STUB_PACKAGES):
             return importlib.util.spec_from_loader(fullname, StubLoader(self.log), is_package=True)
         return _source_spec(fullname, path, lambda origin: RewritingLoader(fullname, origin, self))
 
@@ -302,11 +302,11 @@ def _relative(path: str) -> str:
 
 
 def install(shim: types.SimpleNamespace, log: RewriteLog,
-            after_exec: dict[str, Callable[[types.ModuleType], None]]) -> TEFinder:
+            after_exec: dict[str, Callable[[types.ModuleType], None]], stub_triton: bool = True) -> TEFinder:
     """Put the finder first on sys.meta_path; `after_exec[name](module)` runs once that module executed."""
     if _installed() is not None:
         raise RuntimeError("te_verify.te.tecpu: TE's import hook is already installed in this process")
-    finder = TEFinder(shim, log, after_exec)
+    finder = TEFinder(shim, log, after_exec, stub_triton)
     sys.meta_path.insert(0, finder)
     return finder
 

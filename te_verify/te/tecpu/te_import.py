@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from te_verify.te.tecpu import cuda, device, jit_fusions, nvinspect, rewrite, surface, tex
+from te_verify.te.tecpu import cuda, device, jit_fusions, nvinspect, real_triton, rewrite, surface, tex
 
 MIN_TE_VERSION = "2.14.0"  # the tex boundary the emulation implements (same signatures from 2.14.0 on)
 # The recipes whose quantizers tex emulates (quantize.py, block_quantize.py), for the report header; which of them
@@ -45,7 +45,7 @@ def describe(te_version: str, capability: str) -> str:
     cublaslt = _dotted(device.cublaslt_version())
     return (f"TE {te_version} Python layer; tex emulated on CPU (C++ kernels not under test); emulated {capability}, "
             f"CUDA {device.CUDA_VERSION} as TE's code reads torch.version.cuda, cuBLASLt {cublaslt} as "
-            f"tex.get_cublasLt_version answers; {QUANTIZERS}; {JIT_NOTE}")
+            f"tex.get_cublasLt_version answers; {QUANTIZERS}; {JIT_NOTE}; {real_triton.describe()}")
 
 
 def _dotted(version: int) -> str:
@@ -138,10 +138,15 @@ def boot(capability: str = device.DEFAULT_CAPABILITY) -> BootInfo:
     tex_surface = check_version(te_version)
     device.configure(capability)
     device.configure_cublaslt(os.environ.get(device.CUBLASLT_ENV))
+    try:
+        real_triton.configure(os.environ.get(real_triton.TRITON_ENV))
+    except real_triton.TritonModeError as exc:
+        raise BootError(str(exc)) from None
     sys.modules[tex.MODULE_NAME] = tex.build(tex_surface)
     rewrite.install(cuda.make_shim(), _LOG, {"transformer_engine.common": _patch_common,
                                              "transformer_engine.pytorch.jit": jit_fusions.patch,
-                                             nvinspect.MODULE: nvinspect.patch})
+                                             nvinspect.MODULE: nvinspect.patch},
+                    stub_triton=real_triton.stubbed())
     if nvinspect.MODULE in sys.modules:
         nvinspect.patch(sys.modules[nvinspect.MODULE])
     try:

@@ -1,0 +1,61 @@
+"""TE's triton kernels run for real, in triton's interpreter, instead of stubbed (opt-in, for TE's own tests).
+
+By default TE's `transformer_engine.*.triton` modules are stubs (rewrite.StubLoader): a few wrappers in PyTorch
+(triton_kernels.py), every other kernel refused. triton has no CPU backend, but its interpreter
+(`TRITON_INTERPRET=1`) runs a `@triton.jit` kernel's Python body over CPU tensors, block by block, with numpy: TE's
+own kernels (cross entropy, the permutation mask map, mHC, ...) are then what runs, not an emulation of them. Slow
+(one Python step per program instance), so it serves `scripts/te_own_tests.py --triton-site`, not the family cases.
+
+Chosen at boot from TRITON_ENV: unset or "stub" (the default), or "interpret", which needs TRITON_INTERPRET=1 set
+before triton is imported and triton importable from a folder outside .venv (the runner puts one on PYTHONPATH:
+triton is a GPU-stack wheel of ~300 MB, not the project's dependency). Anything else, or a missing piece, is a
+one-line error. The header says which ran.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+TRITON_ENV = "TE_VERIFY_TE_TRITON"
+MODES = ("stub", "interpret")
+_MODE: list[str] = ["stub"]
+_VERSION: list[str] = [""]
+
+
+class TritonModeError(ValueError):
+    """The requested triton mode cannot be served; the message names the variable and the fix."""
+
+
+def configure(text: str | None) -> None:
+    """The triton mode from TRITON_ENV's value; "interpret" is checked here, at boot, not at the first kernel."""
+    mode = text or "stub"
+    if mode not in MODES:
+        raise TritonModeError(f"{TRITON_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "interpret":
+        _VERSION[0] = _interpreter_version()
+    _MODE[0] = mode
+
+
+def _interpreter_version() -> str:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise TritonModeError(f"{TRITON_ENV}=interpret needs TRITON_INTERPRET=1 (triton has no CPU backend; its "
+                              "interpreter runs the kernels on CPU tensors)")
+    try:
+        triton = importlib.import_module("triton")
+    except ImportError as exc:
+        raise TritonModeError(f"{TRITON_ENV}=interpret: triton is not importable ({exc}); install it into a folder "
+                              "of its own (pip install --no-deps --target DIR triton) and put DIR on PYTHONPATH") \
+            from None
+    return str(triton.__version__)
+
+
+def stubbed() -> bool:
+    """Whether TE's triton modules are served as stubs (the default)."""
+    return _MODE[0] == "stub"
+
+
+def describe() -> str:
+    """The report header's words for TE's triton kernels."""
+    if stubbed():
+        return "TE's triton kernels stubbed (a few wrappers in PyTorch, the rest refused)"
+    return f"TE's triton kernels real, in triton {_VERSION[0]}'s interpreter (TRITON_INTERPRET=1)"
