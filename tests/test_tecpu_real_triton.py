@@ -55,10 +55,13 @@ def test_interpret_needs_triton_importable(monkeypatch) -> None:
 
 
 def test_interpret_names_the_triton_it_runs(monkeypatch) -> None:
+    """The mode chosen, the CPU driver offered (test_cpu_driver_only_where_no_driver_is_active), the version named."""
+    activated = []
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.9.0"))
+    monkeypatch.setattr(real_triton, "_activate_cpu_driver", lambda: activated.append(True))
     real_triton.configure("interpret")
-    assert not real_triton.stubbed()
+    assert not real_triton.stubbed() and activated == [True]
     assert "triton 3.9.0's interpreter" in real_triton.describe(), real_triton.describe()
 
 
@@ -73,3 +76,31 @@ def test_finder_serves_te_triton_source_only_when_not_stubbing() -> None:
     assert isinstance(real.loader, rewrite.RewritingLoader), f"not TE's source: {real.loader}"
     assert real.origin.endswith("transformer_engine/pytorch/triton/cross_entropy.py"), real.origin
     assert isinstance(stub.loader, rewrite.StubLoader), f"the default must stub: {stub.loader}"
+
+
+def test_autotuner_benchmark_runs_nothing_and_ties_every_config() -> None:
+    """The CPU driver's benchmarker never runs the kernel (an autotuned kernel that writes into its input would run
+    once per config) and times every config alike, so the autotuner keeps its first."""
+    calls = []
+    timings = [real_triton.CpuDriver().get_benchmarker()(lambda: calls.append(1), quantiles=(0.5, 0.2, 0.8))
+               for _ in range(3)]
+    assert calls == [], "the benchmark ran the kernel"
+    assert timings == [[0.0, 0.0, 0.0]] * 3, timings
+    assert min(range(3), key=lambda i: timings[i]) == 0
+
+
+def test_cpu_driver_serves_nothing_else() -> None:
+    with pytest.raises(RuntimeError, match="not 'get_current_target'"):
+        real_triton.CpuDriver().get_current_target()
+
+
+@pytest.mark.parametrize("gpu_driver_active", [False, True])
+def test_cpu_driver_only_where_no_driver_is_active(monkeypatch, gpu_driver_active: bool) -> None:
+    """No active driver (this machine): the CPU one becomes active. A GPU machine's own driver is kept."""
+    chosen = []
+    backend = types.SimpleNamespace(driver=types.SimpleNamespace(is_active=lambda: gpu_driver_active))
+    monkeypatch.setitem(sys.modules, "triton.backends", types.SimpleNamespace(backends={"nvidia": backend}))
+    monkeypatch.setitem(sys.modules, "triton.runtime.driver",
+                        types.SimpleNamespace(driver=types.SimpleNamespace(set_active=chosen.append)))
+    real_triton._activate_cpu_driver()
+    assert [type(d) for d in chosen] == ([] if gpu_driver_active else [real_triton.CpuDriver]), chosen

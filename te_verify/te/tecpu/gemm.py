@@ -6,7 +6,8 @@ CanonicalizeGemmInput (common/gemm/cublaslt_gemm.cu): on a TN-only device (sm90)
 (A) or transposed (B) must come from its columnwise (explicitly transposed) copy, and an FP8 GEMM needs its
 leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 values are multiplied
 exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
-precision fast accumulation is not modelled. Block-scaled operands (MXFP8, FP8 block scaling, NVFP4) are read from
+precision fast accumulation is not modelled. FP8 block scaling on sm90 is accumulated K tile by K tile, as cuBLAS's blockwise kernel (block_fp8_gemm.py); other
+block-scaled operands (MXFP8, FP8 block scaling on sm100, NVFP4) are read from
 the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
 block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8
 and FP8 block scaling; for NVFP4 cuBLAS's alpha as nvfp4.cu computes it from both amaxes and E4M3 maxes,
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from te_verify.te.tecpu import block_quantize, device, nvfp4
+from te_verify.te.tecpu import block_fp8_gemm, block_quantize, device, nvfp4
 from te_verify.te.tecpu.activation import FORMULAS
 from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.te.tecpu.strict import refuse
@@ -209,7 +210,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         return _without_operands(A, B, D, quantizer, shape, dtype, bias, bias_type, gelu, grad, accumulate, extra_output)
     check_operands(A, transA, B, transB)
     b_op = _operand(B, "B", transB)
-    result = product(_operand(A, "A", transA), transA, b_op, transB) * alpha  # D = alpha * AB + bias (gemm.h)
+    result = _product(A, transA, B, transB, b_op) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad, pre_gelu = None, None
     if grad and gelu:  # DGELU(_BGRAD): the product times gelu' of the forward's pre-activation
         if gelu_in is None:
@@ -226,7 +227,20 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         if accumulate or D is not None:
             refuse("generic_gemm quantizing its output into an existing or accumulated D")
         return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, pre_gelu, extra_output]
-    return [_write(result, D, shape, dtype, accumulate, beta), bias_grad, pre_gelu, extra_output]
+    return [_write(_before_c(result, A, B, dtype, accumulate), D, shape, dtype, accumulate, beta), bias_grad, pre_gelu,
+            extra_output]
+
+
+def _product(A: Any, transA: bool, B: Any, transB: bool, b_op: Operand) -> torch.Tensor:
+    """op(B) @ op(A) in fp32: cuBLAS's blockwise accumulation for FP8 block scaling on sm90, else product()."""
+    if block_fp8_gemm.applies(A, B):
+        return block_fp8_gemm.product(A, transA, B, transB)
+    return product(_operand(A, "A", transA), transA, b_op, transB)
+
+
+def _before_c(result: torch.Tensor, A: Any, B: Any, dtype: torch.dtype, accumulate: bool) -> torch.Tensor:
+    """The result C is added to: cuBLAS's blockwise FP8 epilogue rounds it to the output dtype first."""
+    return result.to(dtype).float() if accumulate and block_fp8_gemm.applies(A, B) else result
 
 
 def _without_operands(A: Any, B: Any, D: Any, quantizer: Any, shape: list[int], dtype: torch.dtype,
@@ -284,10 +298,11 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             continue
         check_operands(a, transa, b, transb)
         b_op = _operand(b, "B", transb)
-        result = product(_operand(a, "A", transa), transa, b_op, transb)
+        result = _product(a, transa, b, transb, b_op)
         if bias[i].numel() and grad:
             write(bias[i], operand_values(b_op).sum(0))
         elif bias[i].numel():
             result = result + bias[i].float()
-        _write(result, out, shape, dtype, accumulate, 1.0 if accumulate else 0.0)  # into D's tensors, never D itself
+        _write(_before_c(result, a, b, dtype, accumulate), out, shape, dtype, accumulate,
+               1.0 if accumulate else 0.0)  # into D's tensors, never D itself
     return bias

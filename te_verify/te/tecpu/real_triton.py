@@ -6,6 +6,11 @@ By default TE's `transformer_engine.*.triton` modules are stubs (rewrite.StubLoa
 own kernels (cross entropy, the permutation mask map, mHC, ...) are then what runs, not an emulation of them. Slow
 (one Python step per program instance), so it serves `scripts/te_own_tests.py --triton-site`, not the family cases.
 
+triton's autotuner times each config with the active GPU driver's benchmarker; with no GPU there is no driver
+("0 active drivers"), so this mode makes a CPU one active that serves only that: every config is reported equally
+fast without running it, and the autotuner takes its first (TE's tests check the numerics of whichever config runs;
+on a GPU the fastest runs). Any other use of the driver raises, naming it. A machine with an active driver keeps it.
+
 Chosen at boot from TRITON_ENV: unset or "stub" (the default), or "interpret", which needs TRITON_INTERPRET=1 set
 before triton is imported and triton importable from a folder outside .venv (the runner puts one on PYTHONPATH:
 triton is a GPU-stack wheel of ~300 MB, not the project's dependency). Anything else, or a missing piece, is a
@@ -46,7 +51,30 @@ def _interpreter_version() -> str:
         raise TritonModeError(f"{TRITON_ENV}=interpret: triton is not importable ({exc}); install it into a folder "
                               "of its own (pip install --no-deps --target DIR triton) and put DIR on PYTHONPATH") \
             from None
+    _activate_cpu_driver()
     return str(triton.__version__)
+
+
+class CpuDriver:
+    """triton's active driver where none is: the autotuner's benchmarker, nothing else (strict)."""
+
+    def get_benchmarker(self):
+        return untimed_benchmark
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"te_verify real_triton: triton's CPU driver serves only the autotuner's benchmarker, "
+                           f"not {name!r} (no GPU here)")
+
+
+def untimed_benchmark(kernel_call, quantiles=None, **_: object) -> list[float] | float:
+    """Every config equally fast, unrun: the autotuner keeps its first, and no kernel runs twice into a buffer."""
+    return [0.0] * len(quantiles) if quantiles else 0.0
+
+
+def _activate_cpu_driver() -> None:
+    backends = importlib.import_module("triton.backends").backends
+    if not any(backend.driver.is_active() for backend in backends.values()):
+        importlib.import_module("triton.runtime.driver").driver.set_active(CpuDriver())
 
 
 def stubbed() -> bool:
@@ -58,4 +86,5 @@ def describe() -> str:
     """The report header's words for TE's triton kernels."""
     if stubbed():
         return "TE's triton kernels stubbed (a few wrappers in PyTorch, the rest refused)"
-    return f"TE's triton kernels real, in triton {_VERSION[0]}'s interpreter (TRITON_INTERPRET=1)"
+    return (f"TE's triton kernels real, in triton {_VERSION[0]}'s interpreter (TRITON_INTERPRET=1; autotuned kernels "
+            "take their first config)")
