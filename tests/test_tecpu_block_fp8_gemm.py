@@ -135,3 +135,17 @@ def test_planted_products_are_caught(te, planted) -> None:
     want = definition(*block_fp8_gemm._k_major(B, "B", True), *block_fp8_gemm._k_major(A, "A", True))
     assert torch.equal(block_fp8_gemm.product(A, True, B, False), want)
     assert not torch.equal(planted(A, True, B, False), want), f"{planted.__name__} matches the definition"
+
+
+def test_accumulated_output_is_rounded_before_c_is_added(te) -> None:
+    """cuBLAS's blockwise epilogue: the product rounded to the output dtype (BF16), then C added and rounded again,
+    as TE's reference (y.to(out_dtype) + out); one rounding of product + C differs here."""
+    B, A = operand(te, (136, 384), dim=1, seed=1), operand(te, (40, 384), dim=2, seed=2)
+    c = (torch.randn(136, 40, generator=torch.Generator().manual_seed(5)) * 40).to(torch.bfloat16)
+    d = c.clone()
+    empty = torch.empty(0, dtype=torch.uint8)
+    te.tex.generic_gemm(A, True, B, False, d, None, te.tex.DType.kBFloat16, None, te.tex.DType.kBFloat16, False, None,
+                        False, empty, 0, True, True)
+    y = block_fp8_gemm.product(A, True, B, False)
+    assert torch.equal(d, y.to(torch.bfloat16) + c), "not rounded before C was added"
+    assert not torch.equal(d, (y + c.float()).to(torch.bfloat16)), "the data cannot tell one rounding from two"
