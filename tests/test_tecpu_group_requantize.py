@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+import emulated_device
 from swizzle_layout import swizzled_by_index, swizzled_index
 from te_verify.te import tecpu
 from te_verify.te.reference import block
@@ -28,17 +29,15 @@ def te() -> types.SimpleNamespace:
     from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
 
-    from te_verify.te.tecpu import block_quantize, block_scales, device, group_quantize, group_requantize
-    return types.SimpleNamespace(tex=tex, MX=MXFP8Quantizer, Block=Float8BlockQuantizer, device=device,
+    from te_verify.te.tecpu import block_quantize, block_scales, group_quantize, group_requantize
+    return types.SimpleNamespace(tex=tex, MX=MXFP8Quantizer, Block=Float8BlockQuantizer,
                                  scales=block_scales, bq=block_quantize, gq=group_quantize, mod=group_requantize)
 
 
 @pytest.fixture(autouse=True)
 def sm100(te):
-    saved = te.device.capability_name()
-    te.device.configure("sm100")
-    yield
-    te.device.configure(saved)
+    with emulated_device.capability("sm100"):
+        yield
 
 
 def quantizer(te, rowwise=True, columnwise=False, gemm_ready=False, dtype=None):

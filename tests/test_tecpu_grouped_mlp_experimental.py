@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+import emulated_device
 from swizzle_layout import swizzled_by_index
 from te_verify.te import tecpu
 
@@ -20,16 +21,14 @@ def te() -> types.SimpleNamespace:
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
     from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
 
-    from te_verify.te.tecpu import block_quantize, device
-    return types.SimpleNamespace(tex=tex, MX=MXFP8Quantizer, NV=NVFP4Quantizer, device=device, bq=block_quantize)
+    from te_verify.te.tecpu import block_quantize
+    return types.SimpleNamespace(tex=tex, MX=MXFP8Quantizer, NV=NVFP4Quantizer, bq=block_quantize)
 
 
 @pytest.fixture(autouse=True)
 def sm100(te):
-    saved = te.device.capability_name()
-    te.device.configure("sm100")
-    yield
-    te.device.configure(saved)
+    with emulated_device.capability("sm100"):
+        yield
 
 
 def quantizer(te, swizzle_type: str):

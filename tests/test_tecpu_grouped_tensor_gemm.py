@@ -11,6 +11,8 @@ import types
 import pytest
 import torch
 
+import emulated_device
+
 from te_verify.te import tecpu
 
 SPLITS = [24, 0, 40, 16]
@@ -34,10 +36,8 @@ def te() -> types.SimpleNamespace:
 
 @pytest.fixture(autouse=True)
 def cublaslt_13_4(te):
-    saved = te.device.cublaslt_version()
-    te.device.configure_cublaslt("13.4")
-    yield
-    te.device.configure_cublaslt(str(saved))
+    with emulated_device.cublaslt("13.4"):
+        yield
 
 
 def packed(te, parts: list[torch.Tensor], varying: bool = True):
@@ -128,9 +128,7 @@ def check_scaled_bias(te) -> None:
 
 
 def check_mxfp8_sm100_per_group_alpha(te) -> None:
-    saved = te.device.capability_name()
-    te.device.configure("sm100")
-    try:
+    with emulated_device.capability("sm100"):
         q = te.MX(te.tex.DType.kFloat8E4M3)
         q.optimize_for_gemm = False
         splits = [64, 0, 32]
@@ -146,8 +144,6 @@ def check_mxfp8_sm100_per_group_alpha(te) -> None:
             if splits[i]:
                 want = te.gemm(wi, xi, out_dtype=torch.float32, layout="TN")[0]
                 assert torch.equal(got, (want * alpha[i]).to(torch.bfloat16))
-    finally:
-        te.device.configure(saved)
 
 
 CHECKS = [check_fprop_tn, check_dgrad_nn, check_wgrad_nt_discrete_out_accumulate, check_fprop_discrete_in_bias,
