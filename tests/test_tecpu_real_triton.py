@@ -16,9 +16,9 @@ from te_verify.te.tecpu import real_triton, rewrite
 @pytest.fixture(autouse=True)
 def restore_mode():
     """Each test leaves the process's triton mode as it found it (the boot's choice)."""
-    mode, version = list(real_triton._MODE), list(real_triton._VERSION)
+    mode, version, compat = list(real_triton._MODE), list(real_triton._VERSION), list(real_triton._COMPAT)
     yield
-    real_triton._MODE[:], real_triton._VERSION[:] = mode, version
+    real_triton._MODE[:], real_triton._VERSION[:], real_triton._COMPAT[:] = mode, version, compat
 
 
 def test_default_is_the_stubs() -> None:
@@ -60,8 +60,10 @@ def test_interpret_names_the_triton_it_runs(monkeypatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.9.0"))
     monkeypatch.setattr(real_triton, "_activate_cpu_driver", lambda: activated.append(True))
+    monkeypatch.setattr(real_triton.triton_interpreter_compat, "apply", lambda version: f"step for {version}")
     real_triton.configure("interpret")
     assert not real_triton.stubbed() and activated == [True]
+    assert "step for 3.9.0" in real_triton.describe(), "the interpreter's compatibility step is not in the header"
     assert "triton 3.9.0's interpreter" in real_triton.describe(), real_triton.describe()
 
 
@@ -104,3 +106,17 @@ def test_cpu_driver_only_where_no_driver_is_active(monkeypatch, gpu_driver_activ
                         types.SimpleNamespace(driver=types.SimpleNamespace(set_active=chosen.append)))
     real_triton._activate_cpu_driver()
     assert [type(d) for d in chosen] == ([] if gpu_driver_active else [real_triton.CpuDriver]), chosen
+
+
+def test_cpu_driver_answers_device_zero_and_its_shared_memory_only() -> None:
+    """TE's mHC config pruner reads the device's shared memory through the driver: the emulated GPU's is served,
+    another device or property raises, naming it."""
+    driver = real_triton.CpuDriver()
+    assert driver.get_current_device() == 0
+    assert driver.utils.get_device_properties(0)["max_shared_mem"] == 232448
+    with pytest.raises(KeyError, match="'multiprocessor_count' is not emulated"):
+        driver.utils.get_device_properties(0)["multiprocessor_count"]
+    with pytest.raises(RuntimeError, match="not 1"):
+        driver.utils.get_device_properties(1)
+    with pytest.raises(RuntimeError, match="not 'launch'"):
+        driver.utils.launch

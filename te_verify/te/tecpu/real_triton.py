@@ -21,10 +21,13 @@ from __future__ import annotations
 import importlib
 import os
 
+from te_verify.te.tecpu import triton_interpreter_compat
+
 TRITON_ENV = "TE_VERIFY_TE_TRITON"
 MODES = ("stub", "interpret")
 _MODE: list[str] = ["stub"]
 _VERSION: list[str] = [""]
+_COMPAT: list[str] = []  # the interpreter's compatibility steps applied (triton_interpreter_compat.py)
 
 
 class TritonModeError(ValueError):
@@ -52,18 +55,49 @@ def _interpreter_version() -> str:
                               "of its own (pip install --no-deps --target DIR triton) and put DIR on PYTHONPATH") \
             from None
     _activate_cpu_driver()
+    _COMPAT[:] = [note for note in [triton_interpreter_compat.apply(str(triton.__version__))] if note]
     return str(triton.__version__)
 
 
+# The emulated GPU's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin, as triton's
+# get_device_properties reports it): 227 KiB on H100 (sm90) and B200 (sm100). TE's mHC config pruner reads it.
+MAX_SHARED_MEM = 232448
+
+
 class CpuDriver:
-    """triton's active driver where none is: the autotuner's benchmarker, nothing else (strict)."""
+    """triton's active driver where none is: the autotuner's benchmarker, device 0 and its shared memory size (what
+    TE's config pruners read); anything else raises (strict)."""
+
+    def __init__(self) -> None:
+        self.utils = _CpuDriverUtils()
 
     def get_benchmarker(self):
         return untimed_benchmark
 
+    def get_current_device(self) -> int:
+        return 0
+
     def __getattr__(self, name: str):
-        raise RuntimeError(f"te_verify real_triton: triton's CPU driver serves only the autotuner's benchmarker, "
-                           f"not {name!r} (no GPU here)")
+        raise RuntimeError(f"te_verify real_triton: triton's CPU driver serves only the autotuner's benchmarker and "
+                           f"the device's shared memory, not {name!r} (no GPU here)")
+
+
+class _CpuDriverUtils:
+    def get_device_properties(self, device: int) -> dict[str, int]:
+        if device != 0:
+            raise RuntimeError(f"te_verify real_triton: one emulated device (0), not {device}")
+        return _Properties(max_shared_mem=MAX_SHARED_MEM)
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"te_verify real_triton: triton's CPU driver utils serve only get_device_properties, "
+                           f"not {name!r}")
+
+
+class _Properties(dict):
+    """The properties emulated; a read of another raises naming it."""
+
+    def __missing__(self, key: str):
+        raise KeyError(f"te_verify real_triton: device property {key!r} is not emulated (only {', '.join(self)})")
 
 
 def untimed_benchmark(kernel_call, quantiles=None, **_: object) -> list[float] | float:
@@ -86,5 +120,6 @@ def describe() -> str:
     """The report header's words for TE's triton kernels."""
     if stubbed():
         return "TE's triton kernels stubbed (a few wrappers in PyTorch, the rest refused)"
+    compat = "".join(f"; {note}" for note in _COMPAT)
     return (f"TE's triton kernels real, in triton {_VERSION[0]}'s interpreter (TRITON_INTERPRET=1; autotuned kernels "
-            "take their first config)")
+            f"take their first config{compat})")

@@ -1,0 +1,67 @@
+"""The compatibility step for triton's interpreter (te_verify/te/tecpu/triton_interpreter_compat.py), over a fake
+interpreter whose dot multiplies what it is given, as triton 3.9.0's does with bfloat16's bit patterns: bfloat16
+operands reach it as their fp32 values, other operands unchanged, once, and only on the versions measured."""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from te_verify.te.tecpu import triton_interpreter_compat as compat
+
+BF16, FP16, FP32 = "bf16", "fp16", "fp32"  # the fake triton.language's dtypes
+
+
+@pytest.fixture
+def interpreter(monkeypatch) -> types.SimpleNamespace:
+    """A fake triton.runtime.interpreter whose create_dot is np.matmul of the handles' data, as triton's."""
+    class TensorHandle:
+        def __init__(self, data, dtype):
+            self.data, self.dtype = data, dtype
+
+    class InterpreterBuilder:
+        def create_dot(self, a, b, d, input_precision=None, max_num_imprecise_acc=None):
+            return TensorHandle(np.matmul(a.data, b.data, dtype=np.float32) + d.data, FP32)
+
+    fake = types.SimpleNamespace(TensorHandle=TensorHandle, InterpreterBuilder=InterpreterBuilder)
+    monkeypatch.setitem(sys.modules, "triton.runtime.interpreter", fake)
+    monkeypatch.setitem(sys.modules, "triton.language", types.SimpleNamespace(bfloat16=BF16, float32=FP32))
+    return fake
+
+
+def bf16_handle(interpreter, values: torch.Tensor):
+    """A bfloat16 block as the interpreter holds it: the bit patterns as uint16."""
+    return interpreter.TensorHandle(values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), BF16)
+
+
+def test_bfloat16_dot_multiplies_values_after_the_step(interpreter) -> None:
+    a, b = torch.randn(16, 8), torch.randn(8, 16)
+    want = (a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()).numpy()
+    zeros = interpreter.TensorHandle(np.zeros((16, 16), np.float32), FP32)
+    builder = interpreter.InterpreterBuilder()
+    before = builder.create_dot(bf16_handle(interpreter, a), bf16_handle(interpreter, b), zeros).data
+    assert np.abs(before - want).max() > 1e6, "the fake does not show the bug: the test would prove nothing"
+    assert compat.apply("3.9.0") == compat.NOTE
+    after = interpreter.InterpreterBuilder().create_dot(bf16_handle(interpreter, a), bf16_handle(interpreter, b), zeros)
+    np.testing.assert_allclose(after.data, want, rtol=1e-6, atol=1e-6)
+
+
+def test_other_operands_pass_unchanged_and_the_step_wraps_once(interpreter) -> None:
+    seen = []
+    interpreter.InterpreterBuilder.create_dot = lambda self, a, b, d, *rest: seen.append((a, b))
+    compat.apply("3.8.0")
+    wrapped = interpreter.InterpreterBuilder.create_dot
+    compat.apply("3.9.0")
+    assert interpreter.InterpreterBuilder.create_dot is wrapped, "the step wrapped the interpreter's dot twice"
+    a = interpreter.TensorHandle(np.ones((2, 2), np.float16), FP16)
+    interpreter.InterpreterBuilder().create_dot(a, a, None)
+    assert seen == [(a, a)], "an fp16 operand was changed"
+
+
+def test_versions_after_the_fix_are_left_alone(interpreter) -> None:
+    original = interpreter.InterpreterBuilder.create_dot
+    assert compat.apply("3.10.0") is None
+    assert interpreter.InterpreterBuilder.create_dot is original
