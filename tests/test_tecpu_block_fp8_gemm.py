@@ -1,6 +1,6 @@
 """FP8 block scaling's GEMM on sm90 as cuBLAS accumulates it (te_verify/te/tecpu/block_fp8_gemm.py), against its
 definition in exact rational arithmetic: per 128-wide K tile the partial, then y = RN32(RN32(partial * s1) * s2 + y)
-with s1 the 1D-scaled operand's scale (B's when both are); and fma32 against the exactly rounded a * b + c."""
+with s1 the 1D-scaled operand's scale (B's when both are); and reduction_order.fma, the FMA it applies, against the exactly rounded a * b + c."""
 from __future__ import annotations
 
 import random
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from te_verify.te import tecpu
-from te_verify.te.tecpu import block_fp8_gemm
+from te_verify.te.tecpu import block_fp8_gemm, reduction_order
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def naive_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor
     return (a.double() * b.double() + c.double()).float()
 
 
-@pytest.mark.parametrize("fma", [block_fp8_gemm.fma32, pytest.param(naive_fma, marks=pytest.mark.xfail(strict=True))],
-                         ids=["fma32", "planted-double-rounding"])
+@pytest.mark.parametrize("fma", [reduction_order.fma, pytest.param(naive_fma, marks=pytest.mark.xfail(strict=True))],
+                         ids=["fma", "planted-double-rounding"])
 def test_fma32_rounds_once(fma) -> None:
     triples = [DOUBLE_ROUNDING] + fp32_triples(2000, seed=3)
     a, b, c = (torch.tensor(column, dtype=torch.float32) for column in zip(*triples))
@@ -125,7 +125,7 @@ def scales_swapped(A, trans_a, B, trans_b) -> torch.Tensor:
     y = torch.zeros(x.shape[0], w.shape[0])
     for t in range(sx.shape[1]):
         k = slice(t * 128, (t + 1) * 128)
-        y = block_fp8_gemm.fma32((x[:, k] @ w[:, k].t()) * sw[None, :, t], sx[:, t, None].expand_as(y), y)
+        y = reduction_order.fma((x[:, k] @ w[:, k].t()) * sw[None, :, t], sx[:, t, None].expand_as(y), y)
     return y
 
 

@@ -186,7 +186,7 @@ def _alpha_dropped(original):
 FAULTS = [("group_views", _swap_groups, check_fprop_tn), ("group_views", _swap_groups, check_dgrad_nn),
           ("gemm._write", _no_beta, check_wgrad_nt_discrete_out_accumulate),
           ("_bias_add", _bias_of_next_group, check_fprop_discrete_in_bias),
-          ("_fmaf", _scale_rows_reversed, check_scaled_bias),
+          ("fma", _scale_rows_reversed, check_scaled_bias),
           ("_scalars", _alpha_dropped, check_mxfp8_sm100_per_group_alpha)]
 
 

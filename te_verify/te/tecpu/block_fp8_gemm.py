@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from te_verify.te.tecpu import block_fp8, block_quantize, device
+from te_verify.te.tecpu.reduction_order import fma
 
 TILE = block_fp8.BLOCK  # cuBLAS's K tile is the scaling block, 128
 
@@ -37,11 +38,11 @@ def product(A: Any, transA: bool, B: Any, transB: bool) -> torch.Tensor:
             partial = x[:, k] @ w[:, k].t()
             row_scale, col_scale = sx[:, tile, None], sw[None, :, tile]
             if x_1d:
-                y = fma32(partial * row_scale, col_scale.expand_as(y), y)
+                y = fma(partial * row_scale, col_scale.expand_as(y), y)
             elif w_1d:
-                y = fma32(partial * col_scale, row_scale.expand_as(y), y)
+                y = fma(partial * col_scale, row_scale.expand_as(y), y)
             else:
-                y = fma32(partial, (row_scale * col_scale).expand_as(y), y)
+                y = fma(partial, (row_scale * col_scale).expand_as(y), y)
     return y
 
 
@@ -61,18 +62,3 @@ def _k_major(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.
         scales = buffer[:tiles, :rows].t()
     values = data.view(device.torch_dtype(t._fp8_dtype)).float()
     return values, scales.float(), not t._is_2D_scaled
-
-
-def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """a * b + c on fp32 tensors rounded once, as an FMA instruction: the fp64 product is exact (24 + 24 bits), the
-    fp64 sum is made round-to-odd (its exact error from TwoSum decides), and an odd-rounded value with 53 >= 24 + 2
-    bits rounds to fp32 as the exact sum would: no double rounding."""
-    product, addend = a.double() * b.double(), c.double()
-    total = product + addend
-    back = total - product
-    error = (product - (total - back)) + (addend - back)  # TwoSum: total + error == product + addend exactly
-    even = (total.view(torch.int64) & 1) == 0
-    inexact = (error != 0) & torch.isfinite(error)
-    toward = torch.where(error > 0, torch.full_like(total, float("inf")), torch.full_like(total, float("-inf")))
-    total = torch.where(inexact & even, torch.nextafter(total, toward), total)
-    return total.float()

@@ -231,11 +231,12 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
             extra_output]
 
 
-def _product(A: Any, transA: bool, B: Any, transB: bool, b_op: Operand) -> torch.Tensor:
-    """op(B) @ op(A) in fp32: cuBLAS's blockwise accumulation for FP8 block scaling on sm90, else product()."""
+def _product(A: Any, transA: bool, B: Any, transB: bool, b_op: Operand | None = None) -> torch.Tensor:
+    """op(B) @ op(A) in fp32: cuBLAS's blockwise accumulation for FP8 block scaling on sm90, else product() (of
+    B's operand b_op when the caller has it)."""
     if block_fp8_gemm.applies(A, B):
         return block_fp8_gemm.product(A, transA, B, transB)
-    return product(_operand(A, "A", transA), transA, b_op, transB)
+    return product(_operand(A, "A", transA), transA, b_op or _operand(B, "B", transB), transB)
 
 
 def _before_c(result: torch.Tensor, A: Any, B: Any, dtype: torch.dtype, accumulate: bool) -> torch.Tensor:

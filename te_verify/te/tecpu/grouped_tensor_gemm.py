@@ -6,9 +6,9 @@ te_general_grouped_gemm_for_grouped_tensor (A, B, D all GroupedTensors), _for_di
 tensors: te.ops' weights) and _for_discrete_out (D a list: the wgrads) compute, for each group i, D_i = alpha_i *
 op(B_i) @ op(A_i) + beta_i * D_i (C is D), in TE's row-major reading (gemm.py), then, for a GroupedTensor D, the bias
 epilogue kernels (nvte_grouped_bias_add: d = T(float(d) + float(b)); nvte_grouped_scaled_bias_add: d = T(fmaf(b, s[row],
-d)), over the rows sum(first_dims) of D's packed rowwise buffer). Each group's product is gemm.py's (gemm._operand /
-gemm.product: its operand copies, dequantization and fp32 accumulation), so the grouped GEMM is exactly the emulated
-single GEMM of the group; alpha multiplies the product, beta the old D in fp32, as generic_gemm's. Groups are read
+d)), fmaf rounded once (reduction_order.fma), over the rows sum(first_dims) of D's packed rowwise buffer). Each group's
+product is gemm.py's (gemm._product: its operand copies, dequantization and fp32 accumulation, FP8 block scaling's
+blockwise accumulation on sm90), so the grouped GEMM is exactly the emulated single GEMM of the group; alpha multiplies the product, beta the old D in fp32, as generic_gemm's. Groups are read
 through TE's own GroupedTensorStorage.split_into_quantized_tensors (its metadata caches restored), their scales read
 as swizzled when the grouped tensor says so (MXFP8 unswizzled scales are swizzled by the binding into a temporary: the
 same values). The kernel's checks are kept: SM 9.0 to 11.0; cuBLASLt >= 13.3, on Hopper >= 13.4; per-group alpha and
@@ -16,8 +16,8 @@ beta (num_tensors elements) on SM >= 10.0, else one; BF16/FP16/FP8/NVFP4 inputs,
 scaling modes (FP8 block scaling on Hopper only, not 2D by 2D, cuBLASLt >= 13.4; NVFP4 on Blackwell, >= 13.4, swizzled
 scales; FP8 tensor scaling on Hopper >= 13.5); at most 64 discrete tensors; the setup workspace's size.
 get_grouped_gemm_setup_workspace_size is the kernel's layout walk. The swizzle and requantize steps before these GEMMs
-are group_requantize.py's. Not emulated (refused as unemulated by the tex surface): grouped_mlp_experimental (the
-cuDNN-frontend fused grouped MLP only), group_scaled_swiglu / group_scaled_clamped_swiglu.
+are group_requantize.py's, grouped_mlp_experimental's scale packing grouped_mlp_experimental.py's. Not emulated (refused
+as unemulated by the tex surface): group_scaled_swiglu / group_scaled_clamped_swiglu.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 
 from te_verify.te.tecpu import device, gemm
 from te_verify.te.tecpu.group_quantize import group_views
-from te_verify.te.tecpu.strict import refuse
+from te_verify.te.tecpu.reduction_order import fma
 from te_verify.te.tecpu.te_classes import shape_of, te_class
 from te_verify.te.tecpu.writes import write
 
@@ -139,22 +139,9 @@ def _run(api: str, A: Any, a_groups: list, transa: bool, B: Any, transb: bool, d
         if math.prod(shape_of(a)) == 0 or math.prod(shape_of(b)) == 0:  # k = 0: alpha * 0 + beta * C
             result = torch.zeros(shape, dtype=torch.float32, device=device.EMULATED)
         else:
-            result = gemm.product(gemm._operand(a, "A", transa), transa, gemm._operand(b, "B", transb), transb)
-            result = result * alphas[i]
-        gemm._write(result, d, shape, d.dtype, betas[i] != 0.0, betas[i])
-
-
-def _fmaf(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """fp32 fmaf(a, b, c) rounded once: the product is exact in fp64; the fp64 sum rounds to fp32 as the exact one
-    does unless that sum was inexact and lies on an fp32 rounding tie or in fp32's subnormal range (refused)."""
-    p, c64 = a.double() * b.double(), c.double()
-    s = p + c64
-    back = s - p
-    inexact = ((p - (s - back)) + (c64 - back)) != 0
-    tie = ((s.view(torch.int64) & 0x1FFFFFFF) == 0x10000000) | ((s.abs() < 2.0 ** -126) & (s != 0))
-    if bool((tie & inexact).any()):
-        refuse("grouped scaled bias add: an fmaf whose fp64 sum is inexact at an fp32 rounding tie")
-    return s.float()
+            result = gemm._product(a, transa, b, transb) * alphas[i]
+        accumulate = betas[i] != 0.0
+        gemm._write(gemm._before_c(result, a, b, d.dtype, accumulate), d, shape, d.dtype, accumulate, betas[i])
 
 
 def _bias_add(D: Any, bias: Any, bias_scale: torch.Tensor | None) -> None:
@@ -194,7 +181,7 @@ def _bias_add(D: Any, bias: Any, bias_scale: torch.Tensor | None) -> None:
     if bias_scale is None:
         write(d, (d.float() + b).to(d.dtype))
     else:
-        write(d, _fmaf(b, bias_scale[:rows.numel()].reshape(-1, 1).expand_as(b), d.float()).to(d.dtype))
+        write(d, fma(b, bias_scale[:rows.numel()].reshape(-1, 1).expand_as(b), d.float()).to(d.dtype))
 
 
 def _epilogue(D: Any, bias: Any, bias_scale: torch.Tensor | None) -> None:
