@@ -6,7 +6,8 @@ into the fp32 accumulator with one fused multiply-add that applies the scales: y
 1D-scaled operand's scale (when both are 1D, that of B, whose rows are the output's), s2 the other's; two 2D operands
 (which cuBLAS refuses for GEMM, check_scaling_modes' caller) would take fma(partial, s_B * s_A, y). In the epilogue an
 accumulated output is rounded to the output dtype before C is added. This is the model TE's reference
-(tests/pytorch/references/blockwise_fp8_gemm_reference.py) holds cuBLAS to bitwise in test_float8_blockwise_gemm_exact.py;
+(tests/pytorch/references/blockwise_fp8_gemm_reference.py) holds cuBLAS to bitwise in
+test_float8_blockwise_gemm_exact.py;
 dequantizing each operand first and multiplying once (gemm.product) rounds differently (1 element in 65,536 there).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from te_verify.te.tecpu import block_fp8, block_quantize, device
+from te_verify.te.tecpu import block_fp8, block_quantize, block_scales, device
 from te_verify.te.tecpu.reduction_order import fma
 
 TILE = block_fp8.BLOCK  # cuBLAS's K tile is the scaling block, 128
@@ -49,16 +50,7 @@ def product(A: Any, transA: bool, B: Any, transB: bool) -> torch.Tensor:
 def _k_major(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The stored copy the GEMM reads (K its last dim, as cuBLAS's TN layout needs), its FP8 values in fp32, its
     scale_inv per row and K tile (a 2D block's scale on each of its 128 rows), and whether it is 1D-scaled."""
-    data = t._rowwise_data if use_rowwise else t._columnwise_data
-    if data is None:
-        raise RuntimeError(f"Input {name} is missing {'row' if use_rowwise else 'column'}-wise usage")
-    data = data.reshape(-1, data.shape[-1]) if use_rowwise else data.reshape(data.shape[0], -1)
-    rows, k = data.shape
-    tiles = -(-k // TILE)
-    buffer = t._rowwise_scale_inv if use_rowwise else t._columnwise_scale_inv
-    if t._is_2D_scaled:
-        scales = buffer[:-(-rows // TILE), :tiles].repeat_interleave(TILE, dim=0)[:rows]
-    else:
-        scales = buffer[:tiles, :rows].t()
-    values = data.view(device.torch_dtype(t._fp8_dtype)).float()
-    return values, scales.float(), not t._is_2D_scaled
+    block_quantize.check_usage(t, name, use_rowwise)
+    data, scale_inv = block_quantize.block_fp8_copy(t, use_rowwise)
+    scales = block_scales.expand(scale_inv.float(), TILE if t._is_2D_scaled else 1, 1)[:data.shape[0]]
+    return data.view(device.torch_dtype(t._fp8_dtype)).float(), scales, not t._is_2D_scaled

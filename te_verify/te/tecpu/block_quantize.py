@@ -230,9 +230,7 @@ def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, to
     if kind == "NVFP4Quantizer" and t._row_scaled_nvfp4:  # cublaslt_gemm.cu's first check; TE's Python passes
         raise RuntimeError("cuBLAS GEMM does not support row-scaled NVFP4 inputs.")  # aliases with amax 1 instead
     _check_capability(kind)
-    data = t._rowwise_data if use_rowwise else t._columnwise_data
-    if data is None:
-        raise RuntimeError(f"Input {name} is missing {'row' if use_rowwise else 'column'}-wise usage")
+    check_usage(t, name, use_rowwise)
     one = torch.ones((), dtype=torch.float32, device=device.EMULATED)
     if kind == "MXFP8Quantizer":
         return _fp8_values(t, columnwise=not use_rowwise), one, kind
@@ -244,15 +242,27 @@ def gemm_operand(t: Any, name: str, use_rowwise: bool) -> tuple[torch.Tensor, to
     return block_values(t, use_rowwise), one, kind
 
 
-def block_values(t: Any, use_rowwise: bool, gemm: bool = True) -> torch.Tensor:
-    """An FP8 block-scaled storage's fp32 values (logical shape, 2-D) from one direction; as a GEMM operand on sm100
-    its scales must be powers of 2 (TE converts them to MXFP8's), which a dequantize does not ask."""
+def check_usage(t: Any, name: str, use_rowwise: bool) -> None:
+    """The copy a GEMM reads exists, else TE's error."""
+    if (t._rowwise_data if use_rowwise else t._columnwise_data) is None:
+        raise RuntimeError(f"Input {name} is missing {'row' if use_rowwise else 'column'}-wise usage")
+
+
+def block_fp8_copy(t: Any, use_rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP8 block-scaled storage's copy in one direction as stored (2-D, its 128-wide blocks along the last dim: the
+    columnwise copy is the transpose) and its compact scale_inv (per 128 x 128 block, or per row and 128 columns)."""
     data = t._rowwise_data if use_rowwise else t._columnwise_data
     data = data.reshape(-1, data.shape[-1]) if use_rowwise else data.reshape(data.shape[0], -1)
     buffer = t._rowwise_scale_inv if use_rowwise else t._columnwise_scale_inv
     m, k = data.shape
     blocks = -(-k // block_fp8.BLOCK)
-    scale_inv = buffer[:-(-m // block_fp8.BLOCK), :blocks] if t._is_2D_scaled else buffer[:blocks, :m].t()
+    return data, buffer[:-(-m // block_fp8.BLOCK), :blocks] if t._is_2D_scaled else buffer[:blocks, :m].t()
+
+
+def block_values(t: Any, use_rowwise: bool, gemm: bool = True) -> torch.Tensor:
+    """An FP8 block-scaled storage's fp32 values (logical shape, 2-D) from one direction; as a GEMM operand on sm100
+    its scales must be powers of 2 (TE converts them to MXFP8's), which a dequantize does not ask."""
+    data, scale_inv = block_fp8_copy(t, use_rowwise)
     if gemm and device.sm_arch() >= 100 and not _powers_of_two(scale_inv):
         refuse("an FP8 block-scaling GEMM with non-power-of-2 scales on sm100 (TE converts it to MXFP8)")
     values = block_fp8.dequantize(data, scale_inv, device.torch_dtype(t._fp8_dtype), t._is_2D_scaled)

@@ -6,9 +6,9 @@ CanonicalizeGemmInput (common/gemm/cublaslt_gemm.cu): on a TN-only device (sm90)
 (A) or transposed (B) must come from its columnwise (explicitly transposed) copy, and an FP8 GEMM needs its
 leading dimensions divisible by 16; a missing copy raises as TE's C++ does. FP8 values are multiplied
 exactly and accumulated in fp32, then scaled by both scale_invs (cuBLAS's FP8 alpha); cuBLAS's reduced-
-precision fast accumulation is not modelled. FP8 block scaling on sm90 is accumulated K tile by K tile, as cuBLAS's blockwise kernel (block_fp8_gemm.py); other
-block-scaled operands (MXFP8, FP8 block scaling on sm100, NVFP4) are read from
-the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
+precision fast accumulation is not modelled. FP8 block scaling on sm90 is accumulated K tile by K tile, as cuBLAS's
+blockwise kernel (block_fp8_gemm.py); other block-scaled operands (MXFP8, FP8 block scaling on sm100, NVFP4) are read
+from the copy TE's C++ picks (rowwise for A transposed / B not transposed, else columnwise), each dequantized by its own
 block scales (block_quantize.gemm_operand), multiplied in fp32 and scaled by their per-tensor factors (1 for MXFP8
 and FP8 block scaling; for NVFP4 cuBLAS's alpha as nvfp4.cu computes it from both amaxes and E4M3 maxes,
 nvfp4.gemm_alpha; a row-scaled NVFP4 operand raises as cublaslt_gemm.cu does: TE's Python applies per-row amaxes
@@ -209,7 +209,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
     if math.prod(shape_of(A)) == 0 or math.prod(shape_of(B)) == 0:
         return _without_operands(A, B, D, quantizer, shape, dtype, bias, bias_type, gelu, grad, accumulate, extra_output)
     check_operands(A, transA, B, transB)
-    b_op = _operand(B, "B", transB)
+    b_op = _b_operand(A, B, transB)
     result = _product(A, transA, B, transB, b_op) * alpha  # D = alpha * AB + bias (gemm.h)
     bias_grad, pre_gelu = None, None
     if grad and gelu:  # DGELU(_BGRAD): the product times gelu' of the forward's pre-activation
@@ -217,7 +217,7 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
             raise RuntimeError("generic_gemm: a GELU backward epilogue needs gelu_in (the forward's pre-activation)")
         result = result * FORMULAS["gelu"][1](gelu_in.float().reshape(result.shape))
     if bias is not None and grad:  # BGRADB sums B; DGELU_BGRAD the GELU gradient it wrote
-        bias_grad = (result.sum(0) if gelu else operand_values(b_op).sum(0)).to(dtype)
+        bias_grad = (result.sum(0) if gelu else operand_values(b_op or _operand(B, "B", transB)).sum(0)).to(dtype)
     elif bias is not None and bias.numel():
         result = result + bias.float()
     if gelu and not grad:  # GELU_AUX(_BIAS): the pre-activation kept (in the output's dtype, bias_type's if FP8)
@@ -229,6 +229,12 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, pre_gelu, extra_output]
     return [_write(_before_c(result, A, B, dtype, accumulate), D, shape, dtype, accumulate, beta), bias_grad, pre_gelu,
             extra_output]
+
+
+def _b_operand(A: Any, B: Any, transB: bool) -> Operand | None:
+    """B's dequantized operand for product(); None where the blockwise GEMM reads B's FP8 bytes itself (a bias
+    gradient then dequantizes it on demand)."""
+    return None if block_fp8_gemm.applies(A, B) else _operand(B, "B", transB)
 
 
 def _product(A: Any, transA: bool, B: Any, transB: bool, b_op: Operand | None = None) -> torch.Tensor:
@@ -298,10 +304,10 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
                 write(bias[i], 0)
             continue
         check_operands(a, transa, b, transb)
-        b_op = _operand(b, "B", transb)
+        b_op = _b_operand(a, b, transb)
         result = _product(a, transa, b, transb, b_op)
         if bias[i].numel() and grad:
-            write(bias[i], operand_values(b_op).sum(0))
+            write(bias[i], operand_values(b_op or _operand(b, "B", transb)).sum(0))
         elif bias[i].numel():
             result = result + bias[i].float()
         _write(_before_c(result, a, b, dtype, accumulate), out, shape, dtype, accumulate,

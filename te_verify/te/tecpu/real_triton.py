@@ -40,11 +40,13 @@ def configure(text: str | None) -> None:
     if mode not in MODES:
         raise TritonModeError(f"{TRITON_ENV}={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "interpret":
-        _VERSION[0] = _interpreter_version()
+        _VERSION[0] = _prepare_interpreter()
     _MODE[0] = mode
 
 
-def _interpreter_version() -> str:
+def _prepare_interpreter() -> str:
+    """Checks the interpreter can run, makes the CPU driver active and applies its compatibility steps; triton's
+    version."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise TritonModeError(f"{TRITON_ENV}=interpret needs TRITON_INTERPRET=1 (triton has no CPU backend; its "
                               "interpreter runs the kernels on CPU tensors)")
