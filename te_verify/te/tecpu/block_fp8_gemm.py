@@ -4,7 +4,7 @@ cuBLAS's blockwise FP8 GEMM (sm90; TE converts block-scaled operands to MXFP8 on
 their 128-wide scaling blocks along K and, per K tile, takes the FP8 values' product in fp32 (the tile's partial)
 into the fp32 accumulator with one fused multiply-add that applies the scales: y = fma(partial * s1, s2, y), s1 the
 1D-scaled operand's scale (when both are 1D, that of B, whose rows are the output's), s2 the other's; two 2D operands
-(which cuBLAS refuses for GEMM, check_scaling_modes' caller) would take fma(partial, s_B * s_A, y). In the epilogue an
+(which TE refuses for GEMM, gemm_admission.py) would take fma(partial, s_B * s_A, y). In the epilogue an
 accumulated output is rounded to the output dtype before C is added. This is the model TE's reference
 (tests/pytorch/references/blockwise_fp8_gemm_reference.py) holds cuBLAS to bitwise in
 test_float8_blockwise_gemm_exact.py;

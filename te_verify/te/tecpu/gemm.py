@@ -16,7 +16,8 @@ around the GEMM). Epilogues (cuBLASLt's, as gemm.cpp configures them): bias add 
 sums of B (grad=True); GELU (GELU_AUX[_BIAS]: the pre-activation returned as pre_gelu_out, the output TE's tanh GELU
 of its fp32 value) and its backward (DGELU[_BGRAD]: the product times gelu'(gelu_in), the bias gradient then its
 column sums), with TE's math.h formulas for cuBLAS's own (the same tanh approximation: within rounding, not
-bitwise). The grouped GEMM's GELU and comm+GEMM overlap are refused.
+bitwise). The grouped GEMM's GELU and comm+GEMM overlap are refused. What TE's C++ or cuBLAS refuse before a GEMM runs
+(scaling modes, leading dimensions, blockwise FP8's epilogues and accumulation) is gemm_admission.py's.
 """
 from __future__ import annotations
 
@@ -27,14 +28,11 @@ import torch
 
 from te_verify.te.tecpu import block_fp8_gemm, block_quantize, device, nvfp4
 from te_verify.te.tecpu.activation import FORMULAS
+from te_verify.te.tecpu.gemm_admission import admit, dims2, epilogue, is_fp8
 from te_verify.te.tecpu.quantize import fp8_torch_dtype, quantize as tex_quantize
 from te_verify.te.tecpu.strict import refuse
 from te_verify.te.tecpu.te_classes import shape_of, te_class
 from te_verify.te.tecpu.writes import write
-
-
-def _is_fp8(t: Any) -> bool:
-    return isinstance(t, te_class("Float8TensorStorage"))
 
 
 def _untranspose(t: torch.Tensor) -> torch.Tensor:
@@ -62,7 +60,7 @@ Operand = tuple[torch.Tensor, "torch.Tensor | nvfp4.GlobalScale | None", "str | 
 def _operand(t: Any, name: str, trans: bool) -> Operand:
     """The logical 2-D operand (as stored, before op()), its scale factor and format when quantized."""
     wants_columnwise = (not trans) if name == "A" else trans
-    if _is_fp8(t):
+    if is_fp8(t):
         # sm90: A untransposed / B transposed come from the columnwise copy (the rest from rowwise data, which must
         # exist); sm100 reads the rowwise data, or the columnwise copy when there is none.
         columnwise = t._data is None if device.non_tn_fp8_gemm() else wants_columnwise
@@ -74,73 +72,15 @@ def _operand(t: Any, name: str, trans: bool) -> Operand:
     return t.reshape(-1, t.shape[-1]), None, None
 
 
-# TE's NVTEScalingMode names (transformer_engine.cpp to_string) by operand format; a high-precision tensor's is the
-# default, per-tensor scaling's.
-_SCALING_MODES = {None: "NVTE_DELAYED_TENSOR_SCALING", "Float8": "NVTE_DELAYED_TENSOR_SCALING",
-                  "MXFP8Quantizer": "NVTE_MXFP8_1D_SCALING", "NVFP4Quantizer": "NVTE_NVFP4_1D_SCALING"}
-_BLOCK_MODES = {"NVTE_BLOCK_SCALING_1D", "NVTE_BLOCK_SCALING_2D"}
-
-
-def scaling_mode(t: Any) -> str:
-    """The NVTEScalingMode TE's C++ gives a GEMM operand."""
-    kind = "Float8" if _is_fp8(t) else block_quantize.kind_of(t)
-    if kind == "Float8BlockQuantizer":
-        return f"NVTE_BLOCK_SCALING_{'2D' if t._is_2D_scaled else '1D'}"
-    return _SCALING_MODES[kind]
-
-
-def check_operands(A: Any, transA: bool, B: Any, transB: bool) -> None:
-    """What CanonicalizeGemmInput checks before a GEMM runs: compatible scaling modes, then FP8 leading dimensions."""
-    check_scaling_modes(A, B)
-    check_fp8_leading_dims(A, transA, B, transB)
-
-
-def check_scaling_modes(A: Any, B: Any) -> None:
-    """cuBLAS's GEMM takes operands of one scaling mode, or 1D and 2D FP8 block scaling (cublaslt_gemm.cu,
-    CanonicalizeGemmInput): anything else raises TE's error (a hybrid recipe's NVFP4 x FP8 backward, say)."""
-    a, b = scaling_mode(A), scaling_mode(B)
-    if a != b and {a, b} != _BLOCK_MODES:
-        raise RuntimeError(f"Inputs A and B to GEMM need to have compatible scaling modes, but got A.scaling_mode = "
-                           f"{a}, B.scaling_mode = {b}")
-
-
-def check_fp8_leading_dims(A: Any, transA: bool, B: Any, transB: bool) -> None:
-    """cuBLAS's leading-dimension rule for per-tensor FP8 as CanonicalizeGemmInput checks it: the leading dimension of
-    the data each operand is read from a multiple of 16. sm90 reads both as TN (transposed copies where needed): k.
-    sm100 reads any layout: A's rowwise data has k (transposed) or m, B's n (transposed) or k, and a copy read for
-    want of rowwise data the other (m, n, k as cublas_gemm derives them from A's and B's flat dims)."""
-    if not _is_fp8(A):
-        return
-    (a0, a1), (b0, b1) = _dims2(shape_of(A)), _dims2(shape_of(B))
-    m, k = (a0, a1) if transA else (a1, a0)
-    n = b1 if transB else b0
-    lda = ldb = k
-    if device.non_tn_fp8_gemm():
-        a_rows, b_rows = A._data is not None, not _is_fp8(B) or B._data is not None
-        lda = (k if transA else m) if a_rows else (m if transA else k)
-        ldb = (n if transB else k) if b_rows else (k if transB else n)
-    if lda % 16:
-        raise RuntimeError("Leading dimension requirement on A for FP8 GEMM. Caller must pad.")
-    if ldb % 16:
-        raise RuntimeError("Leading dimension requirement on B for FP8 GEMM. Caller must pad.")
-
-
 def output_shape(a_shape: tuple, transa: bool, b_shape: tuple, transb: bool) -> list[int]:
     """getGemmOutputShape (csrc/extensions/gemm.cpp): B's leading dims unflattened, then A's output dim."""
-    a0, a1 = _dims2(a_shape)
-    b0, b1 = _dims2(b_shape)
+    a0, a1 = dims2(a_shape)
+    b0, b1 = dims2(b_shape)
     if (a1 if transa else a0) != (b0 if transb else b1):
         raise RuntimeError(f"Invalid matrix dimensions for GEMM (A=({a0},{a1}), transa={int(transa)}, "
                            f"B=({b0},{b1}), transb={int(transb)})")
     lead = [b1] if transb else list(b_shape[:-1])
     return lead + [a0 if transa else a1]
-
-
-def _dims2(shape: tuple) -> tuple[int, int]:
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return rows, shape[-1]
 
 
 def product(a_op: Operand, transa: bool, b_op: Operand, transb: bool) -> torch.Tensor:
@@ -182,12 +122,23 @@ def _write(result: torch.Tensor, D: torch.Tensor | None, shape: list[int], dtype
     result = result.reshape(shape)
     if D is None:
         return result.to(dtype)
+    _check_d(D, shape, dtype)
+    write(D, result + beta * D.float() if accumulate else result)
+    return D
+
+
+def _check_d(D: torch.Tensor, shape: list[int], dtype: torch.dtype) -> None:
     if list(D.shape) != shape:
         raise RuntimeError(f"GEMM output has invalid dims (expected {shape}, got {list(D.shape)})")
     if D.dtype != dtype:
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
-    write(D, result + beta * D.float() if accumulate else result)
-    return D
+
+
+def _plus_c(result: torch.Tensor, A: Any, B: Any, D: torch.Tensor, shape: list[int], dtype: torch.dtype,
+            beta: float) -> torch.Tensor:
+    """alpha * AB (+ bias) + beta * C, C being D's values: what a GELU epilogue's activation or gradient acts on."""
+    _check_d(D, shape, dtype)
+    return _before_c(result, A, B, dtype, True) + beta * D.float().reshape(result.shape)
 
 
 def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: Any, output_dtype: Any,
@@ -208,9 +159,16 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         raise RuntimeError(f"GEMM output has invalid dtype (expected {dtype}, found {D.dtype})")
     if math.prod(shape_of(A)) == 0 or math.prod(shape_of(B)) == 0:
         return _without_operands(A, B, D, quantizer, shape, dtype, bias, bias_type, gelu, grad, accumulate, extra_output)
-    check_operands(A, transA, B, transB)
+    admit(A, transA, B, transB, epilogue_name=epilogue(bias is not None and (grad or bias.numel() > 0), gelu, grad),
+          out_dtype=dtype, aux_dtype=_gelu_dtype(A, B, bias_type, dtype) if gelu else None,
+          use_split_accumulator=use_split_accumulator)
     b_op = _b_operand(A, B, transB)
     result = _product(A, transA, B, transB, b_op) * alpha  # D = alpha * AB + bias (gemm.h)
+    if bias is not None and not grad and bias.numel():
+        result = result + bias.float()
+    c_first = gelu and accumulate and D is not None  # cuBLAS's activation acts on alpha * AB + beta * C + bias
+    if c_first:
+        result = _plus_c(result, A, B, D, shape, dtype, beta)
     bias_grad, pre_gelu = None, None
     if grad and gelu:  # DGELU(_BGRAD): the product times gelu' of the forward's pre-activation
         if gelu_in is None:
@@ -218,8 +176,6 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         result = result * FORMULAS["gelu"][1](gelu_in.float().reshape(result.shape))
     if bias is not None and grad:  # BGRADB sums B; DGELU_BGRAD the GELU gradient it wrote
         bias_grad = (result.sum(0) if gelu else operand_values(b_op or _operand(B, "B", transB)).sum(0)).to(dtype)
-    elif bias is not None and bias.numel():
-        result = result + bias.float()
     if gelu and not grad:  # GELU_AUX(_BIAS): the pre-activation kept (in the output's dtype, bias_type's if FP8)
         pre_gelu = result.reshape(shape).to(_gelu_dtype(A, B, bias_type, dtype))
         result = FORMULAS["gelu"][0](result)
@@ -227,7 +183,8 @@ def generic_gemm(A: Any, transA: bool, B: Any, transB: bool, D: Any, quantizer: 
         if accumulate or D is not None:
             refuse("generic_gemm quantizing its output into an existing or accumulated D")
         return [tex_quantize(result.reshape(shape).to(dtype), quantizer), bias_grad, pre_gelu, extra_output]
-    return [_write(_before_c(result, A, B, dtype, accumulate), D, shape, dtype, accumulate, beta), bias_grad, pre_gelu,
+    add_c = accumulate and not c_first
+    return [_write(_before_c(result, A, B, dtype, add_c), D, shape, dtype, add_c, beta), bias_grad, pre_gelu,
             extra_output]
 
 
@@ -303,7 +260,8 @@ def te_general_grouped_gemm(A: list, transa: bool, B: list, transb: bool, D: lis
             if bias[i].numel() and grad:
                 write(bias[i], 0)
             continue
-        check_operands(a, transa, b, transb)
+        admit(a, transa, b, transb, epilogue_name=epilogue(bias[i].numel() > 0, False, grad), out_dtype=dtype,
+              use_split_accumulator=use_split_accumulator)
         b_op = _b_operand(a, b, transb)
         result = _product(a, transa, b, transb, b_op)
         if bias[i].numel() and grad:

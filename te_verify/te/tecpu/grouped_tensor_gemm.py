@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from te_verify.te.tecpu import device, gemm
+from te_verify.te.tecpu import device, gemm, gemm_admission
 from te_verify.te.tecpu.group_quantize import group_views
 from te_verify.te.tecpu.reduction_order import fma
 from te_verify.te.tecpu.te_classes import shape_of, te_class
@@ -63,14 +63,14 @@ def _requirements(api: str) -> tuple[int, int]:
 def _check_inputs(api: str, a_groups: list, b_groups: list, sm: int, version: int,
                   b_grouped: Any, a_grouped: Any) -> None:
     """validate_grouped_gemm_inputs and the scaling-mode checks, on the groups' formats."""
-    modes = {gemm.scaling_mode(t) for t in a_groups + b_groups}
+    modes = {gemm_admission.scaling_mode(t) for t in a_groups + b_groups}
     quantized = [isinstance(t, te_class("QuantizedTensorStorage")) for t in a_groups + b_groups]
     if any(quantized) != all(quantized):
         raise RuntimeError("Grouped GEMM: A and B must both be FP8 or both be non-FP8.")
     for t in a_groups + b_groups:
         if not quantized[0] and t.dtype not in _INPUT_DTYPES:
             raise RuntimeError(f"Grouped GEMM inputs must be FP8, NVFP4, BF16, or FP16, got {t.dtype}.")
-    a_mode, b_mode = gemm.scaling_mode(a_groups[0]), gemm.scaling_mode(b_groups[0])
+    a_mode, b_mode = gemm_admission.scaling_mode(a_groups[0]), gemm_admission.scaling_mode(b_groups[0])
     block = {"NVTE_BLOCK_SCALING_1D", "NVTE_BLOCK_SCALING_2D"}
     if a_mode == b_mode == "NVTE_BLOCK_SCALING_2D":
         raise RuntimeError(f"{api}: Only 1D by 1D, 1D by 2D, and 2D by 1D FP8 block scaling grouped GEMM is "
@@ -93,7 +93,7 @@ def _check_inputs(api: str, a_groups: list, b_groups: list, sm: int, version: in
         for g in (a_grouped, b_grouped):
             if g is not None and not g._with_gemm_swizzled_scales:
                 raise RuntimeError("Grouped GEMM: scales must be swizzled for GEMM (MXFP8/NVFP4).")
-    if any(gemm._is_fp8(t) for t in a_groups + b_groups) and sm < 100:
+    if any(gemm_admission.is_fp8(t) for t in a_groups + b_groups) and sm < 100:
         if version < FP8_TENSOR_HOPPER_VERSION:
             raise RuntimeError(f"FP8 tensor scaling grouped GEMM on Hopper (SM90) requires cuBLAS 13.5+, but run-time "
                                f"cuBLAS version is {version}")
@@ -121,7 +121,7 @@ def _run(api: str, A: Any, a_groups: list, transa: bool, B: Any, transb: bool, d
     for d in d_groups:
         if d.dtype not in _OUTPUT_DTYPES:
             raise RuntimeError("Grouped GEMM: outputs must be BF16, FP16, or FP32.")
-        if d.dtype == torch.float16 and gemm.scaling_mode(b_groups[0]) == "NVTE_NVFP4_1D_SCALING":
+        if d.dtype == torch.float16 and gemm_admission.scaling_mode(b_groups[0]) == "NVTE_NVFP4_1D_SCALING":
             raise RuntimeError("FP4 GEMM does not support FP16 output!")
     setup_size = get_grouped_gemm_setup_workspace_size(num)
     for name, ws, size in (("Grouped GEMM setup workspace", workspace_setup, setup_size),
