@@ -19,9 +19,10 @@ def thunder_reason(record: Record) -> str | None:
 
 def unclaimed_reason(spec: CaseSpec, record: Record) -> str | None:
     """Why the run is no TE result (its forward completed, yet no linear reached TE's GEMMs), or None when some linear was
-    claimed, the forward raised (a failure, judged by the checks), or it carries no tex record to tell."""
+    claimed, the forward raised (a failure, judged by the checks), or it carries no tex record to tell. A microbatched
+    run keeps its forwards' outputs in `outputs` (its `output` stays None)."""
     claimed = record.figures.get("te_layers_claimed")
-    if claimed is None or claimed or record.output is None:
+    if claimed is None or claimed or (record.output is None and not record.outputs):
         return None
     why = thunder_reason(record)
     linears = f"{len(sites(spec))} linear sites" if spec.model is not None else f"{spec.n_layers} linears"
