@@ -108,6 +108,10 @@ def test_an_entry_holds_only_where_its_scope_does(tmp_path, key):
     ('[[xfail]]\nprefix = "a"\nreason = "r"\nlink = "#2076"\nchecks = ["ending"]\n', 4, "not an http(s) URL"),
     ('[[skip]]\nreason = "r"\n', 1, "exactly one of 'prefix'"),
     ('[[skip]]\nprefix = "a"\nreason = "r"\n[[skip]]\nprefix = "a"\nreason = "again"\n', 4, "duplicate"),
+    ('[[skip]]\nprefix = "a"\nreason = "r"\nte_capability = ["sm89", "sm90"]\n'
+     '[[skip]]\nprefix = "a"\nreason = "again"\nte_capability = "sm90"\n', 5, "duplicate"),
+    ('[[skip]]\nprefix = "a"\nreason = "r"\n[[skip]]\nprefix = "a"\nreason = "again"\nte_capability = "sm100"\n',
+     4, "duplicate"),
 ])
 def test_malformed_file_names_file_and_line(tmp_path, text, line, words):
     path = _write(tmp_path, "thunder.toml", text)
@@ -115,6 +119,13 @@ def test_malformed_file_names_file_and_line(tmp_path, text, line, words):
         load_expectations(tmp_path)
     message = str(info.value)
     assert message.startswith(f"{path}:{line}: ") and words in message and "\n" not in message
+
+
+def test_one_key_at_disjoint_capabilities_is_two_entries(tmp_path):
+    """A gap measured otherwise at sm90 and at sm100 (other allowances, other exclusions) is two entries."""
+    _write(tmp_path, "thunder.toml", '[[skip]]\nprefix = "a"\nreason = "r"\nte_capability = ["sm89", "sm90"]\n'
+                                     '[[skip]]\nprefix = "a"\nreason = "r2"\nte_capability = "sm100"\n')
+    assert [e.te_capability for e in load_expectations(tmp_path)] == [("sm89", "sm90"), ("sm100",)]
 
 
 def test_stale_entries_are_reported(tmp_path):
