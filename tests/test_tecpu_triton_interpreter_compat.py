@@ -1,6 +1,8 @@
 """The compatibility step for triton's interpreter (te_verify/te/tecpu/triton_interpreter_compat.py), over a fake
-interpreter whose dot multiplies what it is given, as triton 3.9.0's does with bfloat16's bit patterns: bfloat16
-operands reach it as their fp32 values, other operands unchanged, once, and only on the versions measured."""
+interpreter whose dot and elementwise ops compute on what they are given, as triton 3.9.0's do with bfloat16's bit
+patterns: bfloat16 operands reach them as their fp32 values and arithmetic comes back as bfloat16 rounded to nearest
+even (bitwise torch's bfloat16 arithmetic), comparisons as truth values, other operands unchanged, once, and only on
+the versions measured."""
 from __future__ import annotations
 
 import sys
@@ -25,6 +27,15 @@ def interpreter(monkeypatch) -> types.SimpleNamespace:
     class InterpreterBuilder:
         def create_dot(self, a, b, d, input_precision=None, max_num_imprecise_acc=None):
             return TensorHandle(np.matmul(a.data, b.data, dtype=np.float32) + d.data, FP32)
+
+        def binary_op(self, lhs, rhs, op):
+            return TensorHandle(op(lhs.data, rhs.data), lhs.dtype)
+
+        def unary_op(self, arg, op):
+            return TensorHandle(op(arg.data), arg.dtype)
+
+        def create_fma(self, x, y, z):
+            return TensorHandle(x.data * y.data + z.data, z.dtype)
 
     fake = types.SimpleNamespace(TensorHandle=TensorHandle, InterpreterBuilder=InterpreterBuilder)
     monkeypatch.setitem(sys.modules, "triton.runtime.interpreter", fake)
@@ -66,3 +77,42 @@ def test_versions_outside_the_measured_range_are_left_alone(interpreter, version
     original = interpreter.InterpreterBuilder.create_dot
     assert compat.apply(version) is None
     assert interpreter.InterpreterBuilder.create_dot is original
+
+
+def bf16_values(handle) -> torch.Tensor:
+    assert handle.dtype == BF16 and handle.data.dtype == np.uint16, "not a bfloat16 block as the interpreter holds it"
+    return torch.from_numpy(handle.data.view(np.int16).copy()).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("op, torch_op", [(np.multiply, torch.mul), (np.add, torch.add), (np.subtract, torch.sub),
+                                          (np.divide, torch.div), (np.maximum, torch.maximum)],
+                         ids=["mul", "add", "sub", "div", "max"])
+def test_bfloat16_arithmetic_is_torchs_after_the_step(interpreter, op, torch_op) -> None:
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(4096, generator=g) * 3, torch.randn(4096, generator=g)
+    a[:3], b[:3] = torch.tensor([float("nan"), 3.0e38, -0.0]), torch.tensor([1.0, 3.0e38, 0.0])  # NaN, overflow, -0
+    want = torch_op(a.to(torch.bfloat16), b.to(torch.bfloat16))
+    lhs, rhs = bf16_handle(interpreter, a), bf16_handle(interpreter, b)
+    before = interpreter.InterpreterBuilder().binary_op(lhs, rhs, op)
+    assert not np.array_equal(before.data.astype(np.float32), want.float().numpy()), "the fake shows no bug"
+    compat.apply("3.9.0")
+    got = bf16_values(interpreter.InterpreterBuilder().binary_op(lhs, rhs, op))
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f"{int((~same).sum())} of {got.numel()} differ, first at {int((~same).nonzero()[0])}"
+
+
+def test_bfloat16_comparisons_unary_ops_and_fma_after_the_step(interpreter) -> None:
+    a, b = torch.randn(256), torch.randn(256)
+    lhs, rhs = bf16_handle(interpreter, a), bf16_handle(interpreter, b)
+    compat.apply("3.9.0")
+    builder = interpreter.InterpreterBuilder()
+    less = builder.binary_op(lhs, rhs, np.less)
+    assert less.dtype == FP32 and np.array_equal(less.data, (a.to(torch.bfloat16) < b.to(torch.bfloat16)).numpy()), \
+        "a comparison was rounded as a value or compared bit patterns"
+    negated = bf16_values(builder.unary_op(lhs, np.negative))
+    assert torch.equal(negated, -a.to(torch.bfloat16))
+    fma = bf16_values(builder.create_fma(lhs, rhs, lhs))
+    x, y = a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float()
+    assert torch.equal(fma, (x * y + x).to(torch.bfloat16)), "fma not computed on the values, rounded once to bf16"
+    halves = interpreter.TensorHandle(np.ones(4, np.float16), FP16)
+    assert builder.binary_op(halves, halves, np.add).data.dtype == np.float16, "an fp16 operand was changed"
