@@ -108,6 +108,8 @@ SMALLEST: dict[str, Smallest] = {
     "te-verify run --tier nightly -k test_te_": Smallest(None, "the TE lane's nightly tier: 25-45 minutes"),
     "te-verify run --tier nightly --workers 1": Smallest(None, "the whole nightly tier on one worker: 1.5 hours"),
     "te-verify run --tier nightly --workers 2 -k test_te_": Smallest(None, "the TE lane's nightly tier: 7 minutes"),
+    "te-verify run --tier nightly --workers 1 --te-capability sm100 -k test_te_": Smallest(
+        None, "the TE lane's nightly tier at sm100: 14 minutes"),
     "te-verify run --tier pr --workers 2 -k test_te_": Smallest(None, "the TE lane's pr tier with torch_compile_te: "
                                                                        "minutes"),
     "te-verify report merge reports/s1 reports/s2 reports/s3 reports/s4 --out reports/nightly": Smallest(
