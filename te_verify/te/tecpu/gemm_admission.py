@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from te_verify.te.tecpu import block_fp8_gemm, block_quantize, device
+from te_verify.te.tecpu.quantize import fp8_torch_dtype
 from te_verify.te.tecpu.te_classes import shape_of, te_class
 
 # TE's NVTE_CHECK text for a NOT_SUPPORTED heuristic; NVTE_CHECK_CUBLAS's for INVALID_VALUE (cublasGetStatusString).
@@ -67,9 +68,7 @@ def check_fp8_leading_dims(A: Any, transA: bool, B: Any, transB: bool) -> None:
     want of rowwise data the other (m, n, k as cublas_gemm derives them from A's and B's flat dims)."""
     if not is_fp8(A):
         return
-    (a0, a1), (b0, b1) = dims2(shape_of(A)), dims2(shape_of(B))
-    m, k = (a0, a1) if transA else (a1, a0)
-    n = b1 if transB else b0
+    m, n, k = _gemm_dims(A, transA, B, transB)
     lda = ldb = k
     if device.non_tn_fp8_gemm():
         a_rows, b_rows = A._data is not None, not is_fp8(B) or B._data is not None
@@ -109,25 +108,30 @@ def admit(A: Any, transA: bool, B: Any, transB: bool, *, epilogue_name: str = "D
                                f"float8 block scaled GEMM (CUBLASLT_EPILOGUE_{epilogue_name})")
         if not use_split_accumulator:
             raise RuntimeError(f"{NOT_SUPPORTED} (fast accumulation with 128-element block scales)")
-    if _fp8_dtypes(A, B) == {"kFloat8E5M2"}:
+    if _fp8_dtypes(A, B) == {torch.float8_e5m2}:
         raise RuntimeError(f"{NOT_SUPPORTED} (E5M2 by E5M2)")
     if blockwise and aux_dtype is not None and aux_dtype != out_dtype:
         raise RuntimeError(f"{INVALID_VALUE} (epilogue auxiliary {aux_dtype} for a {out_dtype} output)")
 
 
-def _fp8_dtypes(A: Any, B: Any) -> set[str]:
+def _fp8_dtypes(A: Any, B: Any) -> set[torch.dtype]:
     """The two FP8 formats of a per-tensor or block-scaled FP8 GEMM; empty for any other."""
     fp8 = (te_class("Float8TensorStorage"), te_class("Float8BlockwiseQTensorStorage"))
     if not all(isinstance(t, fp8) for t in (A, B)):
         return set()
-    return {getattr(t._fp8_dtype, "name", str(t._fp8_dtype)).split(".")[-1] for t in (A, B)}
+    return {fp8_torch_dtype(t._fp8_dtype) for t in (A, B)}
+
+
+def _gemm_dims(A: Any, transA: bool, B: Any, transB: bool) -> tuple[int, int, int]:
+    """cublas_gemm's m, n, k (column-major) from A's and B's flat 2-D dims."""
+    (a0, a1), (b0, b1) = dims2(shape_of(A)), dims2(shape_of(B))
+    m, k = (a0, a1) if transA else (a1, a0)
+    return m, (b1 if transB else b0), k
 
 
 def _check_block_dims(A: Any, transA: bool, B: Any, transB: bool) -> None:
-    """CanonicalizeGemmInput's FP8 block scaling rules, with cublas_gemm's m, n, k from A's and B's flat dims."""
-    (a0, a1), (b0, b1) = dims2(shape_of(A)), dims2(shape_of(B))
-    m, k = (a0, a1) if transA else (a1, a0)
-    n = b1 if transB else b0
+    """CanonicalizeGemmInput's FP8 block scaling rules."""
+    m, n, k = _gemm_dims(A, transA, B, transB)
     if k % 16:
         raise RuntimeError("Leading dimension requirement on NVTE_BLOCK_SCALING GEMM. Caller must pad.")
     if m % 8:

@@ -26,7 +26,7 @@ from packaging.specifiers import SpecifierSet
 MEASURED = SpecifierSet(">=3.9,<3.10")
 NOTE = ("bfloat16 tl.dot operands and elementwise arithmetic computed on fp32 values in the interpreter "
         "(triton-lang/triton#11584)")
-_MARK = "_te_verify_bf16_dot"
+_MARK = "_te_verify_bf16"  # set on the wrapped create_dot: the step is applied
 # numpy functions binary_op applies whose result is a value of the operands' type (comparisons give truth values).
 _ARITHMETIC = ("add", "subtract", "multiply", "divide", "fmod", "minimum", "maximum", "fmin", "fmax")
 
@@ -40,8 +40,8 @@ def apply(triton_version: str) -> str | None:
     if not getattr(builder.create_dot, _MARK, False):
         builder.create_dot = _bf16_as_fp32(builder.create_dot, interpreter)
         builder.binary_op = _elementwise(builder.binary_op, interpreter, _binary_arithmetic)
-        builder.unary_op = _elementwise(builder.unary_op, interpreter, lambda args: True)
-        builder.create_fma = _elementwise(builder.create_fma, interpreter, lambda args: True)
+        builder.unary_op = _elementwise(builder.unary_op, interpreter, _always)
+        builder.create_fma = _elementwise(builder.create_fma, interpreter, _always)
     return NOTE
 
 
@@ -71,6 +71,10 @@ def _elementwise(method, interpreter: Any, arithmetic):
         return _narrowed(out, interpreter) if arithmetic(args) else out
 
     return bf16_as_fp32
+
+
+def _always(args: tuple) -> bool:
+    return True
 
 
 def _binary_arithmetic(args: tuple) -> bool:
